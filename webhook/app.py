@@ -1,0 +1,129 @@
+"""The HTTP shell: FastAPI for health, readiness and metrics; a raw ASGI path for the admission endpoints.
+
+Every pod creation in a cluster waits on /mutate and /validate, so those two bypass FastAPI's routing,
+request and response objects (about 100 µs a request on 2 cores) and go straight from the ASGI body
+to `review.review`. Everything else is ordinary FastAPI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from webhook import review
+from webhook.metrics import Metrics
+from webhook.policy import Policy
+from webhook.rules import ClusterFacts
+
+# The API server refuses requests over 3 MiB for etcd, but a review wraps object and oldObject: cap a
+# little above twice that, like controller-runtime (7 MiB), so no legitimate review is turned away.
+MAX_BODY_BYTES = 7 * 1024 * 1024
+ENDPOINTS: dict[str, review.Endpoint] = {"/mutate": "mutate", "/validate": "validate"}
+
+log = logging.getLogger("gpuguard.admission")
+
+
+@dataclass
+class State:
+    """What the endpoints read; the policy is swapped whole, so a request sees one policy throughout."""
+
+    policy: Policy
+    facts: ClusterFacts = field(default_factory=ClusterFacts)
+    metrics: Metrics = field(default_factory=Metrics)
+    ready: bool = False
+
+    def use_policy(self, policy: Policy) -> None:
+        self.policy = policy
+        self.metrics.policy_loaded(policy.hash)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request body, or None when it exceeds MAX_BODY_BYTES or the client went away."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _send_json(send: Send, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class AdmissionApp:
+    """ASGI entry point: admission POSTs handled here, everything else passed to FastAPI."""
+
+    def __init__(self, state: State, fallback: ASGIApp) -> None:
+        self.state = state
+        self.fallback = fallback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = ENDPOINTS.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.fallback(scope, receive, send)
+            return
+        started = time.perf_counter()
+        body = await _read_body(receive)
+        if body is None:
+            answer = review.rejected(f"request body exceeds {MAX_BODY_BYTES} bytes", code=413)
+        else:
+            answer = review.review(body, endpoint=endpoint, policy=self.state.policy, facts=self.state.facts)
+        await _send_json(send, answer.body)
+        elapsed = time.perf_counter() - started
+        # A dry run must answer like the real request but leave no trace in the decision counters.
+        decisions = () if answer.dry_run else answer.decisions
+        result = "allowed" if answer.allowed else "denied"
+        self.state.metrics.observe(endpoint, result, elapsed, decisions)
+        fields: dict[str, Any] = answer.summary | {"latencyMs": round(elapsed * 1000, 3)}
+        log.info("admission %s", result, extra={"fields": fields})
+
+
+def create_app(state: State) -> AdmissionApp:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # uvicorn loads the certificate before startup: reaching here means it is valid and served.
+        state.ready = True
+        log.info("ready", extra={"fields": {"policy": state.policy.hash}})
+        yield
+        state.ready = False
+
+    api = FastAPI(title="gpuguard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+
+    @api.get("/healthz", response_class=PlainTextResponse)
+    def healthz() -> str:
+        return "ok"
+
+    @api.get("/readyz", response_class=PlainTextResponse)
+    def readyz() -> Response:
+        if state.ready:
+            return PlainTextResponse(f"ok policy={state.policy.hash}")
+        return PlainTextResponse("not ready", status_code=503)
+
+    @api.get("/metrics")
+    def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return AdmissionApp(state, api)

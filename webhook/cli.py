@@ -1,0 +1,228 @@
+"""`gpuguard`: the server, and the same engine offline on plain manifests.
+
+gpuguard serve [--port 8443] [--cert-dir certs] [--san NAME] [--policy FILE]
+gpuguard mutate -f FILE|- [--diff | --patch]      prints the mutated manifests
+gpuguard validate -f FILE|-                       prints violations; exit 1 if anything is denied
+gpuguard review [--validate] FILE|-               prints the AdmissionReview answer
+gpuguard policy check FILE | policy default
+gpuguard certs generate [--dir certs] [--service NAME --namespace NS] [--san NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+import yaml
+
+from webhook import engine, logs, patch, review, tls
+from webhook.policy import Policy, PolicyError, default_policy, default_policy_text, parse_policy
+
+EXIT_DENIED = 1
+EXIT_USAGE = 2
+
+
+def _read(source: str) -> str:
+    return sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+
+
+def _load_policy(path: str | None) -> Policy:
+    return default_policy() if path is None else parse_policy(_read(path))
+
+
+def _documents(source: str) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all(_read(source)) if doc is not None]
+
+
+def _namespace(obj: Any, default: str) -> str:
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    return namespace if isinstance(namespace, str) and namespace else default
+
+
+def _title(obj: Any) -> str:
+    if not isinstance(obj, dict):
+        return "document"
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    name = metadata.get("name") or metadata.get("generateName") or ""
+    return f"{obj.get('kind', '?')}/{name}"
+
+
+def _dump(obj: Any) -> str:
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+
+
+def _results(args: argparse.Namespace) -> Iterator[tuple[Any, engine.Result, engine.Result]]:
+    """Each document mutated, then validated as the API server would: validation sees the mutated object."""
+    policy = _load_policy(args.policy)
+    for doc in _documents(args.file):
+        namespace = _namespace(doc, args.namespace)
+        mutated = engine.mutate(doc, policy, namespace=namespace)
+        validated = engine.validate(mutated.obj, policy, namespace=namespace)
+        yield doc, mutated, validated
+
+
+def _report(decisions: Sequence[engine.Decision], title: str, out: TextIO) -> None:
+    for decision in decisions:
+        if decision.outcome != "applied":
+            print(
+                f"{title}: {decision.rule} ({decision.mode}) {decision.outcome}: {decision.message}", file=out
+            )
+
+
+def cmd_mutate(args: argparse.Namespace) -> int:
+    outputs: list[str] = []
+    for doc, mutated, _ in _results(args):
+        _report(mutated.decisions, _title(doc), sys.stderr)
+        if args.patch:
+            outputs.append(orjson.dumps(patch.diff(doc, mutated.obj)).decode() + "\n")
+        elif args.diff:
+            before, after = _dump(doc).splitlines(keepends=True), _dump(mutated.obj).splitlines(keepends=True)
+            title = _title(doc)
+            outputs.append("".join(difflib.unified_diff(before, after, f"a/{title}", f"b/{title}")))
+        else:
+            outputs.append(_dump(mutated.obj))
+    separator = "" if args.patch or args.diff else "---\n"
+    sys.stdout.write(separator.join(outputs))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    denied = False
+    for doc, mutated, validated in _results(args):
+        _report([*mutated.decisions, *validated.decisions], _title(doc), sys.stdout)
+        denied = denied or bool(validated.denials)
+    return EXIT_DENIED if denied else 0
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    endpoint: review.Endpoint = "validate" if args.validate else "mutate"
+    answer = review.review(_read(args.file).encode(), endpoint=endpoint, policy=_load_policy(args.policy))
+    sys.stdout.write(orjson.dumps(orjson.loads(answer.body), option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0 if answer.allowed else EXIT_DENIED
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    policy = parse_policy(_read(args.file))
+    print(f"policy ok: hash {policy.hash}")
+    return 0
+
+
+def cmd_policy_default(_: argparse.Namespace) -> int:
+    sys.stdout.write(default_policy_text())
+    return 0
+
+
+def cmd_certs_generate(args: argparse.Namespace) -> int:
+    names = list(args.san)
+    if args.service:
+        names = tls.dns_names_for_service(args.service, args.namespace) + names
+    files = tls.generate_serving_files(Path(args.dir), names)
+    print(f"wrote {files.ca}, {files.cert} and {files.key}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from webhook import server  # uvicorn and FastAPI are only needed to serve
+
+    logs.configure()
+    policy = _load_policy(args.policy)
+    if args.tls_cert and args.tls_key:
+        cert_file, key_file = Path(args.tls_cert), Path(args.tls_key)
+    else:
+        files = tls.ensure_serving_files(Path(args.cert_dir), args.san)
+        cert_file, key_file = files.cert, files.key
+        action = "generated" if files.created else "using"
+        print(
+            f"gpuguard: {action} certificate {files.cert}; the CA for caBundle is {files.ca}", file=sys.stderr
+        )
+    server.serve(host=args.host, port=args.port, cert_file=cert_file, key_file=key_file, policy=policy)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuguard", description="GPU-aware Kubernetes admission webhook")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_policy(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument(
+            "--policy", metavar="FILE", help="policy YAML (the ConfigMap's content); default: embedded"
+        )
+        return sub
+
+    serve = with_policy(commands.add_parser("serve", help="run the admission webhook over TLS"))
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8443)
+    serve.add_argument("--cert-dir", default="certs", help="where tls.crt/tls.key are read, or generated")
+    serve.add_argument("--san", action="append", default=[], help="extra name for a generated certificate")
+    serve.add_argument("--tls-cert", help="serving certificate (PEM); with --tls-key, --cert-dir is unused")
+    serve.add_argument("--tls-key", help="serving key (PEM)")
+    serve.set_defaults(run=cmd_serve)
+
+    for name, run, help_text in (
+        ("mutate", cmd_mutate, "print the manifests as gpuguard would mutate them"),
+        ("validate", cmd_validate, "print what gpuguard would deny; exit 1 if anything"),
+    ):
+        sub = with_policy(commands.add_parser(name, help=help_text))
+        sub.add_argument(
+            "-f", "--file", required=True, help="manifest file, multi-document YAML; - for stdin"
+        )
+        sub.add_argument("-n", "--namespace", default="default", help="namespace for objects that name none")
+        sub.set_defaults(run=run)
+        if name == "mutate":
+            output = sub.add_mutually_exclusive_group()
+            output.add_argument("--diff", action="store_true", help="print a unified diff instead")
+            output.add_argument(
+                "--patch", action="store_true", help="print the JSON Patch, one line per document"
+            )
+
+    review_cmd = with_policy(commands.add_parser("review", help="answer an AdmissionReview JSON file"))
+    review_cmd.add_argument("file", help="AdmissionReview JSON; - for stdin")
+    review_cmd.add_argument("--validate", action="store_true", help="answer as /validate instead of /mutate")
+    review_cmd.set_defaults(run=cmd_review)
+
+    policy = commands.add_parser("policy", help="check or print a policy").add_subparsers(
+        dest="policy_command", required=True
+    )
+    check = policy.add_parser("check", help="validate a policy file")
+    check.add_argument("file")
+    check.set_defaults(run=cmd_policy_check)
+    policy.add_parser("default", help="print the embedded default policy").set_defaults(
+        run=cmd_policy_default
+    )
+
+    certs = commands.add_parser("certs", help="certificates").add_subparsers(
+        dest="certs_command", required=True
+    )
+    generate = certs.add_parser("generate", help="write a CA and a serving certificate")
+    generate.add_argument("--dir", default="certs")
+    generate.add_argument(
+        "--service", help="Service name: adds <svc>, <svc>.<ns>, <svc>.<ns>.svc[.cluster.local]"
+    )
+    generate.add_argument("--namespace", default="gpuguard")
+    generate.add_argument("--san", action="append", default=[], help="extra DNS name or IP")
+    generate.set_defaults(run=cmd_certs_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except PolicyError as exc:
+        print(f"gpuguard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"gpuguard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Prometheus text exposition for the few series gpuguard keeps; no client library on the hot path."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+from webhook.engine import Decision
+
+# Fine buckets at the bottom: the API server's own webhook histogram starts at 5 ms, ours far below it.
+LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def _labels(**labels: str) -> str:
+    inner = ",".join(f'{key}="{_escape(value)}"' for key, value in labels.items())
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Histogram:
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    def render(self, name: str, **labels: str) -> Iterable[str]:
+        cumulative = 0
+        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), self.counts, strict=True):
+            cumulative += count
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            yield f"{name}_bucket{_labels(**labels, le=le)} {cumulative}"
+        yield f"{name}_sum{_labels(**labels)} {self.total}"
+        yield f"{name}_count{_labels(**labels)} {cumulative}"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.decisions: Counter[tuple[str, str, str]] = Counter()
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.latency: dict[str, Histogram] = {}
+        self.policy_errors = 0
+        self.policy_hash = ""
+        self.policy_loaded_at = 0.0
+
+    def policy_loaded(self, policy_hash: str) -> None:
+        self.policy_hash = policy_hash
+        self.policy_loaded_at = time.time()
+
+    def observe(self, endpoint: str, result: str, seconds: float, decisions: Iterable[Decision]) -> None:
+        self.requests[(endpoint, result)] += 1
+        self.latency.setdefault(endpoint, Histogram()).observe(seconds)
+        for decision in decisions:
+            self.decisions[(decision.rule, decision.mode, decision.outcome)] += 1
+
+    def render(self) -> str:
+        lines = [
+            "# HELP gpuguard_admission_requests_total AdmissionReviews answered, by endpoint and result.",
+            "# TYPE gpuguard_admission_requests_total counter",
+        ]
+        for (endpoint, result), count in sorted(self.requests.items()):
+            lines.append(
+                f"gpuguard_admission_requests_total{_labels(endpoint=endpoint, result=result)} {count}"
+            )
+        lines += [
+            "# HELP gpuguard_decisions_total Rule decisions, by rule, mode and outcome (dry-run requests excluded).",
+            "# TYPE gpuguard_decisions_total counter",
+        ]
+        for (rule, mode, outcome), count in sorted(self.decisions.items()):
+            labels = _labels(rule=rule, mode=mode, outcome=outcome)
+            lines.append(f"gpuguard_decisions_total{labels} {count}")
+        lines += [
+            "# HELP gpuguard_admission_duration_seconds Time to answer one AdmissionReview.",
+            "# TYPE gpuguard_admission_duration_seconds histogram",
+        ]
+        for endpoint, histogram in sorted(self.latency.items()):
+            lines += histogram.render("gpuguard_admission_duration_seconds", endpoint=endpoint)
+        lines += [
+            "# HELP gpuguard_policy_info The active policy, by hash.",
+            "# TYPE gpuguard_policy_info gauge",
+            f"gpuguard_policy_info{_labels(hash=self.policy_hash)} 1",
+            "# HELP gpuguard_policy_loaded_timestamp_seconds When the active policy was loaded.",
+            "# TYPE gpuguard_policy_loaded_timestamp_seconds gauge",
+            f"gpuguard_policy_loaded_timestamp_seconds {self.policy_loaded_at}",
+            "# HELP gpuguard_policy_errors_total Policies refused because they were invalid.",
+            "# TYPE gpuguard_policy_errors_total counter",
+            f"gpuguard_policy_errors_total {self.policy_errors}",
+        ]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,51 @@
+"""A deterministic JSON Patch (RFC 6902) from the difference of two JSON documents.
+
+Modelled on the differ the Go admission projects share (gomodules.xyz/jsonpatch): only add, remove and
+replace; objects compared key by key in sorted order; lists compared by index, the surplus tail removed
+from the end backwards and the new tail added. Every patch it emits applies to the original. Python's
+`jsonpatch.make_patch` is avoided on purpose: it emits `move` ops whose order depends on the hash seed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Operation = dict[str, Any]
+
+
+def escape(token: str) -> str:
+    """RFC 6901: `~` first, then `/`; `nvidia.com/gpu` becomes `nvidia.com~1gpu`."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _same(a: Any, b: Any) -> bool:
+    # JSON equality: 1 and True and 1.0 are different documents to the API server.
+    return type(a) is type(b) and a == b
+
+
+def diff(original: Any, mutated: Any) -> list[Operation]:
+    operations: list[Operation] = []
+    _diff(original, mutated, "", operations)
+    return operations
+
+
+def _diff(original: Any, mutated: Any, path: str, out: list[Operation]) -> None:
+    if isinstance(original, dict) and isinstance(mutated, dict):
+        for key in sorted(original.keys() | mutated.keys()):
+            child = f"{path}/{escape(key)}"
+            if key not in mutated:
+                out.append({"op": "remove", "path": child})
+            elif key not in original:
+                out.append({"op": "add", "path": child, "value": mutated[key]})
+            else:
+                _diff(original[key], mutated[key], child, out)
+    elif isinstance(original, list) and isinstance(mutated, list):
+        common = min(len(original), len(mutated))
+        for index in range(common):
+            _diff(original[index], mutated[index], f"{path}/{index}", out)
+        for index in range(len(original) - 1, common - 1, -1):
+            out.append({"op": "remove", "path": f"{path}/{index}"})
+        for index in range(common, len(mutated)):
+            out.append({"op": "add", "path": f"{path}/{index}", "value": mutated[index]})
+    elif not _same(original, mutated):
+        out.append({"op": "replace", "path": path, "value": mutated})

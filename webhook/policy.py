@@ -1,0 +1,270 @@
+"""The policy: a frozen pydantic model, parsed from the YAML a ConfigMap or file holds.
+
+Every check that can be made without a cluster happens here, at load time, so that admission never
+meets a bad policy: unknown keys are rejected, errors name the field, and combinations the API server
+would reject later (exit code 0 under `In`, a preStop longer than the grace period) are refused.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from functools import cache, cached_property
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+Mode = Literal["enforce", "warn", "audit", "off"]
+RuleId = Literal[
+    "readinessTolerations", "podFailurePolicy", "gracefulTermination", "priority", "acceleratorNodeGuard"
+]
+MUTATING_RULES: tuple[RuleId, ...] = (
+    "readinessTolerations",
+    "podFailurePolicy",
+    "gracefulTermination",
+    "priority",
+)
+RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard")
+SYSTEM_PRIORITY_PREFIX = "system-"
+HIGHEST_USER_PRIORITY = 1_000_000_000
+
+
+def _yaml_off_is_off(value: object) -> object:
+    # YAML 1.1 reads an unquoted `off` as the boolean false; a user who wrote `mode: off` means "off".
+    return "off" if value is False else value
+
+
+ModeField = Annotated[Mode, BeforeValidator(_yaml_off_is_off)]
+ExitCode = Annotated[int, Field(ge=1, le=255)]
+# The API server wants exit codes sorted and unique; normalising here lets users write them in any order.
+ExitCodes = Annotated[list[ExitCode], AfterValidator(lambda codes: sorted(set(codes)))]
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Accelerators(_Model):
+    resources: list[str]
+    resourceClaims: bool
+    nodeLabels: list[str]
+    taintKeys: list[str]
+
+    @cached_property
+    def _resource_pattern(self) -> re.Pattern[str]:
+        return re.compile("|".join(fnmatch.translate(p) for p in self.resources) or r"(?!)")
+
+    def is_accelerator_resource(self, name: str) -> bool:
+        return self._resource_pattern.match(name) is not None
+
+
+class _Rule(_Model):
+    mode: ModeField | None = None
+
+
+class ReadinessTolerations(_Rule):
+    batchSeconds: int = Field(ge=0)
+    servingSeconds: int = Field(ge=0)
+    apiServerDefaultSeconds: int = Field(ge=0)
+
+
+class PodFailurePolicyRule(_Rule):
+    deviceFailureExitCodes: ExitCodes = Field(max_length=255)
+    deviceFailureAction: Literal["Count", "FailJob", "FailIndex", "Ignore"]
+    nonRetriableExitCodes: ExitCodes = Field(max_length=255)
+    ignoreDisruptions: bool
+    onFailureJobs: Literal["skip", "convert"]
+
+    @model_validator(mode="after")
+    def _codes_disjoint(self) -> PodFailurePolicyRule:
+        both = set(self.deviceFailureExitCodes) & set(self.nonRetriableExitCodes)
+        if both:
+            raise ValueError(
+                f"exit codes {sorted(both)} are in both deviceFailureExitCodes and nonRetriableExitCodes"
+            )
+        return self
+
+
+class PreStop(_Model):
+    action: Literal["sleep", "exec"]
+    seconds: int = Field(ge=1)
+    command: list[str]
+
+    @model_validator(mode="after")
+    def _command_matches_action(self) -> PreStop:
+        if self.action == "exec" and not self.command:
+            raise ValueError("command is required when action is exec")
+        if self.action == "sleep" and self.command:
+            raise ValueError("command is only used when action is exec")
+        return self
+
+
+class GracefulTermination(_Rule):
+    preStop: PreStop
+    minGracePeriodSeconds: int = Field(ge=1)
+    marginSeconds: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _prestop_fits(self) -> GracefulTermination:
+        if self.preStop.seconds >= self.minGracePeriodSeconds:
+            raise ValueError(
+                f"preStop.seconds ({self.preStop.seconds}) must be shorter than "
+                f"minGracePeriodSeconds ({self.minGracePeriodSeconds})"
+            )
+        return self
+
+    @property
+    def grace_period_seconds(self) -> int:
+        return max(self.minGracePeriodSeconds, self.preStop.seconds + self.marginSeconds)
+
+
+class Priority(_Rule):
+    className: str = Field(min_length=1, max_length=253)
+
+    @model_validator(mode="after")
+    def _not_system(self) -> Priority:
+        if self.className.startswith(SYSTEM_PRIORITY_PREFIX):
+            raise ValueError(f"className {self.className!r}: system-* classes are never assigned")
+        return self
+
+
+class AcceleratorNodeGuard(_Rule):
+    minPriority: int = Field(ge=0, le=HIGHEST_USER_PRIORITY)
+
+
+class Rules(_Model):
+    readinessTolerations: ReadinessTolerations
+    podFailurePolicy: PodFailurePolicyRule
+    gracefulTermination: GracefulTermination
+    priority: Priority
+    acceleratorNodeGuard: AcceleratorNodeGuard
+
+
+class NamespaceOverride(_Model):
+    names: list[str] = Field(min_length=1)
+    mode: ModeField | None = None
+    rules: dict[RuleId, ModeField] = Field(default_factory=dict)
+
+
+class Policy(_Model):
+    enabled: bool
+    mode: ModeField
+    accelerators: Accelerators
+    rules: Rules
+    priorityClasses: dict[str, Annotated[int, Field(le=HIGHEST_USER_PRIORITY)]]
+    namespaces: list[NamespaceOverride]
+    _hash: str = PrivateAttr(default="")
+
+    @property
+    def hash(self) -> str:
+        """The hash of the source text, set by parse_policy; names the policy in annotations and metrics."""
+        return self._hash
+
+    @model_validator(mode="after")
+    def _namespaces_unique(self) -> Policy:
+        seen: set[str] = set()
+        for index, override in enumerate(self.namespaces):
+            for name in override.names:
+                if name in seen:
+                    raise ValueError(f"namespaces[{index}]: namespace {name!r} is listed twice")
+                seen.add(name)
+        return self
+
+    @cached_property
+    def _namespace_index(self) -> Mapping[str, NamespaceOverride]:
+        # An index, so that a policy with thousands of namespace overrides costs one lookup per request.
+        return {name: override for override in self.namespaces for name in override.names}
+
+    def rule(self, rule: RuleId) -> _Rule:
+        rule_model: _Rule = getattr(self.rules, rule)
+        return rule_model
+
+    def mode_for(self, rule: RuleId, namespace: str | None) -> Mode:
+        """The most specific mode: namespace+rule, namespace, rule, global. Disabled means off."""
+        if not self.enabled:
+            return "off"
+        override = self._namespace_index.get(namespace or "")
+        if override is not None:
+            if rule in override.rules:
+                return override.rules[rule]
+            if override.mode is not None:
+                return override.mode
+        return self.rule(rule).mode or self.mode
+
+    def priority_value(self, class_name: str) -> int | None:
+        return self.priorityClasses.get(class_name)
+
+
+def _format_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"{location}: {item['msg']}")
+    return "; ".join(lines)
+
+
+def _load_mapping(text: str) -> dict[str, Any]:
+    try:
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"policy is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"policy must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _overlay(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; anything else (lists included) in `override` replaces the base value."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _overlay(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_policy(text: str) -> Policy:
+    """Parses and validates policy YAML over the embedded default; raises PolicyError naming the field.
+
+    The embedded default-policy.yaml is the one place defaults are written: a field the text leaves
+    out takes its value from there.
+    """
+    data = _overlay(_load_mapping(default_policy_text()), _load_mapping(text))
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(f"invalid policy: {_format_error(exc)}") from exc
+    # Hash the effective policy, so the same text under a newer embedded default gets a new hash.
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    policy._hash = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    return policy
+
+
+@cache
+def default_policy_text() -> str:
+    return resources.files("webhook").joinpath("default-policy.yaml").read_text(encoding="utf-8")
+
+
+def default_policy() -> Policy:
+    return parse_policy(default_policy_text())

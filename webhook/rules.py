@@ -1,0 +1,322 @@
+"""The five rules. Mutators edit a workload in place and say what they changed; the guard returns a denial.
+
+Each mutator is idempotent: run on its own output it changes nothing. The reasons are in
+`k8s-semantics.md`: the API server re-runs every in-tree plugin and may call us again after any
+mutation, so a rule must recognise its own work (and the defaults the API server adds) as done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.policy import SYSTEM_PRIORITY_PREFIX, Policy, RuleId
+from webhook.workload import (
+    JSON,
+    SYSTEM_CRITICAL_PRIORITY,
+    Workload,
+    accelerator_containers,
+    accelerator_requests,
+    as_dict,
+    dicts,
+)
+
+READINESS_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+MAX_POD_FAILURE_POLICY_RULES = 20  # batch validation: maxPodFailurePolicyRules
+DEFAULT_GRACE_PERIOD_SECONDS = 30  # what the API server defaults a missing value to
+
+
+@dataclass(frozen=True)
+class PriorityClassInfo:
+    value: int
+    preemption_policy: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the cluster knows and the object does not. None means unknown (offline, or API unreachable)."""
+
+    priority_classes: Mapping[str, PriorityClassInfo] | None = None
+
+
+@dataclass
+class Report:
+    """What a rule did (or, outside enforce mode, would do), and notices the user should read anyway."""
+
+    changes: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+
+
+Mutator = Callable[[Workload, Policy, ClusterFacts], Report]
+
+
+# --- rule 1: readiness-flake tolerations ----------------------------------------------------------------
+
+
+def _tolerates_readiness_taint(toleration: JSON, key: str) -> bool:
+    """v1 Toleration.ToleratesTaint for the NoExecute taint `key` (whose value is empty)."""
+    if toleration.get("effect") not in (None, "", "NoExecute"):
+        return False
+    if toleration.get("key") not in (None, "", key):
+        return False
+    operator = toleration.get("operator") or "Equal"
+    return operator == "Exists" or (operator == "Equal" and not toleration.get("value"))
+
+
+def readiness_tolerations(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
+    rule = policy.rules.readinessTolerations
+    seconds = rule.batchSeconds if workload.is_batch else rule.servingSeconds
+    report = Report()
+    tolerations = workload.pod_spec.get("tolerations")
+    if tolerations is None:
+        tolerations = []
+    elif not isinstance(tolerations, list):
+        return report
+    for key in READINESS_TAINT_KEYS:
+        # The taint manager honours the first toleration that matches, so appending after the defaulted
+        # 300 s entry would do nothing: that entry's seconds are replaced in place instead.
+        first = next((t for t in dicts(tolerations) if _tolerates_readiness_taint(t, key)), None)
+        if first is None:
+            tolerations.append(
+                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+            )
+            report.changes.append(f"add {key.rsplit('/', 1)[1]} toleration for {seconds}s")
+        elif (
+            first.get("key") == key
+            and first.get("tolerationSeconds") == rule.apiServerDefaultSeconds
+            and seconds != rule.apiServerDefaultSeconds
+        ):
+            first["tolerationSeconds"] = seconds
+            report.changes.append(f"raise {key.rsplit('/', 1)[1]} tolerationSeconds to {seconds}")
+    if report.changes and "tolerations" not in workload.pod_spec:
+        workload.pod_spec["tolerations"] = tolerations
+    return report
+
+
+# --- rule 2: device-failure podFailurePolicy -------------------------------------------------------------
+
+
+def _covered_exit_codes(rules: list[JSON]) -> set[int]:
+    """Codes an earlier `In` rule for all containers already catches: a later rule for them never fires."""
+    covered: set[int] = set()
+    for rule in rules:
+        on_exit = as_dict(rule.get("onExitCodes"))
+        if on_exit and on_exit.get("operator") == "In" and not on_exit.get("containerName"):
+            covered.update(v for v in on_exit.get("values") or [] if isinstance(v, int))
+    return covered
+
+
+def _has_disruption_rule(rules: list[JSON]) -> bool:
+    return any(
+        pattern.get("type") == "DisruptionTarget"
+        for rule in rules
+        for pattern in dicts(rule.get("onPodConditions"))
+    )
+
+
+def pod_failure_policy(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
+    rule = policy.rules.podFailurePolicy
+    report = Report()
+    job = workload.job_spec
+    if job is None:
+        return report
+    restart_policy = workload.pod_spec.get("restartPolicy")
+    if restart_policy == "OnFailure":
+        if rule.onFailureJobs == "skip":
+            report.notices.append(
+                "podFailurePolicy skipped: it needs restartPolicy Never, this Job has OnFailure"
+            )
+            return report
+        workload.pod_spec["restartPolicy"] = "Never"
+        report.changes.append("convert restartPolicy OnFailure to Never")
+    elif restart_policy != "Never":
+        return report  # invalid for a Job: the API server's own validation answers that
+
+    existing_policy = job.get("podFailurePolicy")
+    if existing_policy is not None and not isinstance(existing_policy, dict):
+        return report
+    existing: Any = (existing_policy or {}).get("rules") or []
+    if not isinstance(existing, list):
+        return report
+    existing_rules = list(dicts(existing))
+
+    wanted: list[JSON] = []
+    if rule.ignoreDisruptions and not _has_disruption_rule(existing_rules):
+        wanted.append(
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+        )
+    covered = _covered_exit_codes(existing_rules)
+    device_action = rule.deviceFailureAction
+    if device_action == "FailIndex" and job.get("backoffLimitPerIndex") is None:
+        device_action = "Count"  # FailIndex is only valid with backoffLimitPerIndex
+    for codes, action in (
+        (rule.deviceFailureExitCodes, device_action),
+        (rule.nonRetriableExitCodes, "FailJob"),
+    ):
+        values = [code for code in codes if code not in covered]
+        if values:
+            wanted.append({"action": action, "onExitCodes": {"operator": "In", "values": values}})
+
+    room = MAX_POD_FAILURE_POLICY_RULES - len(existing)
+    if len(wanted) > room:
+        report.notices.append(
+            f"podFailurePolicy has {len(existing)} rules: {len(wanted) - max(room, 0)} device rules left out"
+            f" (limit {MAX_POD_FAILURE_POLICY_RULES})"
+        )
+        wanted = wanted[: max(room, 0)]
+    if not wanted:
+        return report
+    # The user's rules stay first: rules are evaluated in order and theirs were written on purpose.
+    job["podFailurePolicy"] = {**(existing_policy or {}), "rules": [*existing, *wanted]}
+    # The API server defaulted podReplacementPolicy to TerminatingOrFailed when there was no
+    # podFailurePolicy; with one, only Failed is valid, and re-defaulting keeps a value already set.
+    job["podReplacementPolicy"] = "Failed"
+    report.changes.append(f"add {len(wanted)} podFailurePolicy rule(s) for disruptions and device exit codes")
+    return report
+
+
+# --- rule 3: graceful termination ---------------------------------------------------------------------
+
+
+def graceful_termination(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
+    rule = policy.rules.gracefulTermination
+    report = Report()
+    pre_stop: JSON = (
+        {"sleep": {"seconds": rule.preStop.seconds}}
+        if rule.preStop.action == "sleep"
+        else {"exec": {"command": list(rule.preStop.command)}}
+    )
+    for container in accelerator_containers(workload, policy.accelerators):
+        lifecycle = container.get("lifecycle")
+        if lifecycle is None:
+            container["lifecycle"] = {"preStop": pre_stop}
+        elif isinstance(lifecycle, dict) and "preStop" not in lifecycle:
+            lifecycle["preStop"] = pre_stop
+        else:
+            continue
+        report.changes.append(f"add preStop {rule.preStop.action} to container {container.get('name', '?')}")
+
+    current = workload.pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_SECONDS)
+    wanted = rule.grace_period_seconds
+    if isinstance(current, int) and not isinstance(current, bool) and current < wanted:
+        workload.pod_spec["terminationGracePeriodSeconds"] = wanted
+        report.changes.append(f"raise terminationGracePeriodSeconds {current} to {wanted}")
+    return report
+
+
+# --- rule 4: priority ----------------------------------------------------------------------------------
+
+
+def priority(workload: Workload, policy: Policy, facts: ClusterFacts) -> Report:
+    class_name = policy.rules.priority.className
+    report = Report()
+    spec = workload.pod_spec
+    if workload.priority_class_name():
+        return report
+    known = facts.priority_classes
+    if known is not None and class_name not in known:
+        report.notices.append(f"priority class {class_name} does not exist in the cluster: not set")
+        return report
+    spec["priorityClassName"] = class_name
+    info = known.get(class_name) if known is not None else None
+    if workload.is_pod and info is not None:
+        # The Priority plugin runs again after our patch and rejects a pod whose priority disagrees
+        # with its class, so the integer and the preemption policy travel with the name.
+        spec["priority"] = info.value
+        if info.preemption_policy:
+            spec["preemptionPolicy"] = info.preemption_policy
+        else:
+            spec.pop("preemptionPolicy", None)
+    else:
+        # Templates never get a priority from the plugin; bare pods without a cluster lookup lose the
+        # stale values so that the re-run Priority plugin computes them from the new class.
+        spec.pop("priority", None)
+        spec.pop("preemptionPolicy", None)
+    report.changes.append(f"set priorityClassName {class_name}")
+    return report
+
+
+MUTATORS: dict[RuleId, Mutator] = {
+    "readinessTolerations": readiness_tolerations,
+    "podFailurePolicy": pod_failure_policy,
+    "gracefulTermination": graceful_termination,
+    "priority": priority,
+}
+
+
+# --- rule 5: accelerator-node guard (validating) ---------------------------------------------------------
+
+
+def accelerator_node_reasons(workload: Workload, policy: Policy) -> list[str]:
+    """Why the workload is bound for accelerator nodes; empty if it is not."""
+    accelerators = policy.accelerators
+    reasons = [f"requests {name}" for name in accelerator_requests(workload, accelerators)]
+    labels = set(accelerators.nodeLabels)
+    selector = as_dict(workload.pod_spec.get("nodeSelector")) or {}
+    reasons += [f"nodeSelector {key}" for key in selector if key in labels]
+    affinity = as_dict(workload.pod_spec.get("affinity")) or {}
+    node_affinity = as_dict(affinity.get("nodeAffinity")) or {}
+    required = as_dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")) or {}
+    for term in dicts(required.get("nodeSelectorTerms")):
+        for expression in dicts(term.get("matchExpressions")):
+            if expression.get("key") in labels and expression.get("operator") in ("In", "Exists", "Gt", "Lt"):
+                reasons.append(f"node affinity {expression['key']}")
+    taints = set(accelerators.taintKeys)
+    reasons += [
+        f"tolerates {t['key']}" for t in dicts(workload.pod_spec.get("tolerations")) if t.get("key") in taints
+    ]
+    return list(dict.fromkeys(reasons))
+
+
+@dataclass(frozen=True)
+class ResolvedPriority:
+    value: int | None  # None: the class is unknown, nothing can be decided
+    source: str
+
+
+def resolve_priority(workload: Workload, policy: Policy, facts: ClusterFacts) -> ResolvedPriority:
+    class_name = workload.priority_class_name()
+    source = f"class {class_name}" if class_name else "no class"
+    resolved = workload.pod_spec.get("priority")
+    # On pods the Priority plugin has already resolved the integer: it is the truth.
+    if workload.is_pod and isinstance(resolved, int) and not isinstance(resolved, bool):
+        return ResolvedPriority(resolved, source)
+    if not class_name:
+        return ResolvedPriority(0, source)
+    if facts.priority_classes is not None and class_name in facts.priority_classes:
+        return ResolvedPriority(facts.priority_classes[class_name].value, source)
+    return ResolvedPriority(policy.priority_value(class_name), source)
+
+
+def accelerator_node_guard(workload: Workload, policy: Policy, facts: ClusterFacts) -> Report:
+    """A denial (in `changes`) for a low-priority workload bound for accelerator nodes."""
+    report = Report()
+    if workload.is_pod and (workload.controller_kind() == "DaemonSet" or workload.is_mirror_pod()):
+        return report
+    if workload.priority_class_name().startswith(SYSTEM_PRIORITY_PREFIX):
+        return report
+    reasons = accelerator_node_reasons(workload, policy)
+    if not reasons:
+        return report
+    threshold = policy.rules.acceleratorNodeGuard.minPriority
+    resolved = resolve_priority(workload, policy, facts)
+    if resolved.value is None:
+        report.notices.append(
+            f"acceleratorNodeGuard cannot check {resolved.source}: add it to the policy's priorityClasses"
+        )
+        return report
+    if resolved.value >= threshold or resolved.value >= SYSTEM_CRITICAL_PRIORITY:
+        return report
+    # The most useful words first: kubectl already names the object, and warnings get cut at 120 chars.
+    suggestion = policy.rules.priority.className
+    fix = (
+        f"set priorityClassName {suggestion} (or a class >= {threshold})"
+        if (policy.priority_value(suggestion) or 0) >= threshold
+        else f"set a priorityClassName with value >= {threshold}"
+    )
+    report.changes.append(
+        f"priority {resolved.value} ({resolved.source}) < {threshold} on accelerator nodes: {fix}; "
+        f"bound for them by {', '.join(reasons[:3])}"
+    )
+    return report

@@ -1,0 +1,175 @@
+"""Where the pod spec lives in each supported kind, and what makes a workload an accelerator workload.
+
+Everything here reads plain dicts as the API server sends them (defaulted, possibly with fields we have
+never heard of) and never assumes a field has the right type: a manifest is data from a user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.policy import Accelerators
+
+JSON = dict[str, Any]
+
+# (API group, kind) -> path from the object to its pod template's spec; () marks the object itself a pod.
+POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("", "Pod"): ("spec",),
+    ("batch", "Job"): ("spec", "template", "spec"),
+    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template", "spec"),
+    ("apps", "Deployment"): ("spec", "template", "spec"),
+    ("apps", "StatefulSet"): ("spec", "template", "spec"),
+    ("apps", "ReplicaSet"): ("spec", "template", "spec"),
+}
+JOB_SPEC_PATHS: dict[str, tuple[str, ...]] = {
+    "Job": ("spec",),
+    "CronJob": ("spec", "jobTemplate", "spec"),
+}
+BATCH_KINDS = frozenset(JOB_SPEC_PATHS)
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
+
+
+def as_dict(value: object) -> JSON | None:
+    return value if isinstance(value, dict) else None
+
+
+def dicts(value: object) -> Iterator[JSON]:
+    """The dict items of a list, skipping anything malformed."""
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, dict):
+                yield item
+
+
+def _walk(obj: JSON, path: tuple[str, ...]) -> JSON | None:
+    node: JSON | None = obj
+    for key in path:
+        if node is None:
+            return None
+        node = as_dict(node.get(key))
+    return node
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A view into one object: `obj` and the dicts inside it that rules read and edit in place."""
+
+    group: str
+    kind: str
+    obj: JSON
+    pod_spec: JSON
+    job_spec: JSON | None
+
+    @property
+    def is_pod(self) -> bool:
+        return self.kind == "Pod" and self.group == ""
+
+    @property
+    def is_template(self) -> bool:
+        return not self.is_pod
+
+    @property
+    def is_batch(self) -> bool:
+        """Batch work runs to completion; serving work is restarted forever."""
+        if self.is_pod:
+            return bool(self.pod_spec.get("restartPolicy", "Always") != "Always")
+        return self.kind in BATCH_KINDS
+
+    @property
+    def metadata(self) -> JSON:
+        return as_dict(self.obj.get("metadata")) or {}
+
+    @property
+    def display_name(self) -> str:
+        meta = self.metadata
+        name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName") else "")
+        return f"{self.kind} {name!s}".strip()
+
+    def containers(self, *, init: bool = True) -> Iterator[JSON]:
+        yield from dicts(self.pod_spec.get("containers"))
+        if init:
+            yield from dicts(self.pod_spec.get("initContainers"))
+
+    def controller_kind(self) -> str | None:
+        for ref in dicts(self.metadata.get("ownerReferences")):
+            if ref.get("controller") is True:
+                kind = ref.get("kind")
+                return kind if isinstance(kind, str) else None
+        return None
+
+    def is_mirror_pod(self) -> bool:
+        annotations = as_dict(self.metadata.get("annotations")) or {}
+        return self.is_pod and MIRROR_POD_ANNOTATION in annotations
+
+    def priority_class_name(self) -> str:
+        name = self.pod_spec.get("priorityClassName")
+        return name if isinstance(name, str) else ""
+
+
+def split_api_version(api_version: object) -> str:
+    """The API group of an apiVersion string: "apps/v1" -> "apps", "v1" -> ""."""
+    if not isinstance(api_version, str) or "/" not in api_version:
+        return ""
+    return api_version.split("/", 1)[0]
+
+
+def locate(obj: JSON, *, group: str | None = None, kind: str | None = None) -> Workload | None:
+    """The workload view of `obj`, or None for kinds gpuguard does not handle (DaemonSets among them)."""
+    kind = kind if kind is not None else obj.get("kind")
+    group = group if group is not None else split_api_version(obj.get("apiVersion"))
+    if not isinstance(kind, str):
+        return None
+    path = POD_SPEC_PATHS.get((group, kind))
+    if path is None:
+        return None
+    pod_spec = _walk(obj, path)
+    if pod_spec is None:
+        return None
+    job_path = JOB_SPEC_PATHS.get(kind)
+    job_spec = _walk(obj, job_path) if job_path and group == "batch" else None
+    return Workload(group=group, kind=kind, obj=obj, pod_spec=pod_spec, job_spec=job_spec)
+
+
+def accelerator_resources(container: JSON, accelerators: Accelerators) -> list[str]:
+    """The accelerator extended resources a container asks for, by name."""
+    resources = as_dict(container.get("resources")) or {}
+    found: dict[str, None] = {}
+    for section in ("limits", "requests"):
+        for name in as_dict(resources.get(section)) or {}:
+            if isinstance(name, str) and accelerators.is_accelerator_resource(name):
+                found[name] = None
+    return list(found)
+
+
+def uses_accelerators(container: JSON, accelerators: Accelerators) -> bool:
+    if accelerator_resources(container, accelerators):
+        return True
+    resources = as_dict(container.get("resources")) or {}
+    return accelerators.resourceClaims and any(True for _ in dicts(resources.get("claims")))
+
+
+def accelerator_requests(workload: Workload, accelerators: Accelerators) -> list[str]:
+    """What makes the workload an accelerator workload (resource names, DRA claims); empty if nothing."""
+    found: dict[str, None] = {}
+    for container in workload.containers():
+        found.update(dict.fromkeys(accelerator_resources(container, accelerators)))
+    if accelerators.resourceClaims and any(True for _ in dicts(workload.pod_spec.get("resourceClaims"))):
+        found["DRA resource claims"] = None
+    return list(found)
+
+
+def is_sidecar(container: JSON) -> bool:
+    return container.get("restartPolicy") == "Always"
+
+
+def accelerator_containers(workload: Workload, accelerators: Accelerators) -> Iterator[JSON]:
+    """Regular and sidecar containers that use accelerators; plain init containers never qualify."""
+    for container in dicts(workload.pod_spec.get("containers")):
+        if uses_accelerators(container, accelerators):
+            yield container
+    for container in dicts(workload.pod_spec.get("initContainers")):
+        if is_sidecar(container) and uses_accelerators(container, accelerators):
+            yield container
