@@ -19,9 +19,9 @@ from fastapi.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from webhook import review
+from webhook.facts import ClusterFacts
 from webhook.metrics import Metrics
 from webhook.policy import Policy
-from webhook.rules import ClusterFacts
 
 # The API server refuses requests over 3 MiB for etcd, but a review wraps object and oldObject: cap a
 # little above twice that, like controller-runtime (7 MiB), so no legitimate review is turned away.

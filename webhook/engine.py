@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from webhook.facts import NO_FACTS, ClusterFacts
 from webhook.policy import Mode, Policy, RuleId
-from webhook.rules import MUTATORS, ClusterFacts, Report, accelerator_node_guard
+from webhook.rules import MUTATORS, Report, accelerator_node_guard
 from webhook.workload import JSON, Workload, accelerator_requests, as_dict, locate
 
 RULES_ANNOTATION = "gpuguard.io/rules"
@@ -69,7 +70,9 @@ def clone(value: Any) -> Any:
     return value
 
 
-def _mutation_skip_reason(workload: Workload | None, policy: Policy, operation: str) -> str | None:
+def _mutation_skip_reason(
+    workload: Workload | None, policy: Policy, operation: str, facts: ClusterFacts
+) -> str | None:
     if not policy.enabled:
         return "policy disabled"
     if operation != "CREATE":
@@ -84,7 +87,7 @@ def _mutation_skip_reason(workload: Workload | None, policy: Policy, operation: 
             return "pod of a Job: handled through the Job's template"
         if workload.is_mirror_pod():
             return "mirror pod"
-    if not accelerator_requests(workload, policy.accelerators):
+    if not accelerator_requests(workload, policy.accelerators, facts):
         return "not an accelerator workload"
     return None
 
@@ -119,20 +122,21 @@ def mutate(
     kind: str | None = None,
     facts: ClusterFacts | None = None,
 ) -> Result:
-    facts = facts or ClusterFacts()
-    workload = locate(obj, group=group, kind=kind) if isinstance(obj, dict) else None
-    skipped = _mutation_skip_reason(workload, policy, operation)
+    facts = facts or NO_FACTS
+    workload = locate(obj, group=group, kind=kind, namespace=namespace) if isinstance(obj, dict) else None
+    skipped = _mutation_skip_reason(workload, policy, operation, facts)
     if skipped is not None or workload is None:
         return Result(obj, obj, skipped=skipped)
 
     working = clone(obj)
-    view = locate(working, group=workload.group, kind=workload.kind)
+    view = locate(working, group=workload.group, kind=workload.kind, namespace=workload.namespace)
     assert view is not None  # the clone has the same shape as the object that located
+    labels = facts.labels_of(workload.namespace)
     decisions: list[Decision] = []
     enforced: list[RuleId] = []
     applied: list[RuleId] = []
     for rule, mutator in MUTATORS.items():
-        mode = policy.mode_for(rule, namespace)
+        mode = policy.mode_for(rule, workload.namespace, labels)
         if mode == "off":
             continue
         if mode == "enforce":
@@ -142,7 +146,9 @@ def mutate(
                 applied.append(rule)
         else:
             # Dry-run modes compute the change on a scratch copy and keep only the description.
-            scratch = locate(clone(working), group=workload.group, kind=workload.kind)
+            scratch = locate(
+                clone(working), group=workload.group, kind=workload.kind, namespace=workload.namespace
+            )
             assert scratch is not None
             report = mutator(scratch, policy, facts)
         decisions += _decisions(rule, mode, report, denial=False)
@@ -171,17 +177,21 @@ def validate(
     old: Any = None,
     facts: ClusterFacts | None = None,
 ) -> Result:
-    facts = facts or ClusterFacts()
-    workload = locate(obj, group=group, kind=kind) if isinstance(obj, dict) else None
+    facts = facts or NO_FACTS
+    workload = locate(obj, group=group, kind=kind, namespace=namespace) if isinstance(obj, dict) else None
     if operation not in ("CREATE", "UPDATE") or workload is None:
         return Result(obj, obj, skipped="nothing to validate")
-    mode = policy.mode_for(GUARD, namespace)
+    mode = policy.mode_for(GUARD, workload.namespace, facts.labels_of(workload.namespace))
     if mode == "off":
         return Result(obj, obj, skipped="rule off")
     if operation == "UPDATE":
         if workload.is_pod:
             return Result(obj, obj, skipped="a pod's priority cannot change after creation")
-        previous = locate(old, group=workload.group, kind=workload.kind) if isinstance(old, dict) else None
+        previous = (
+            locate(old, group=workload.group, kind=workload.kind, namespace=workload.namespace)
+            if isinstance(old, dict)
+            else None
+        )
         if previous is not None and accelerator_node_guard(previous, policy, facts).changes:
             # Deny only what an update introduces: an existing workload must stay manageable.
             return Result(obj, obj, skipped="violation predates this update")

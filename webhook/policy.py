@@ -65,6 +65,7 @@ class _Model(BaseModel):
 class Accelerators(_Model):
     resources: list[str]
     resourceClaims: bool
+    deviceClasses: list[str]
     nodeLabels: list[str]
     taintKeys: list[str]
 
@@ -74,6 +75,13 @@ class Accelerators(_Model):
 
     def is_accelerator_resource(self, name: str) -> bool:
         return self._resource_pattern.match(name) is not None
+
+    @cached_property
+    def _device_class_pattern(self) -> re.Pattern[str]:
+        return re.compile("|".join(fnmatch.translate(p) for p in self.deviceClasses) or r"(?!)")
+
+    def is_accelerator_device_class(self, name: str) -> bool:
+        return self._device_class_pattern.match(name) is not None
 
 
 class _Rule(_Model):
@@ -158,10 +166,53 @@ class Rules(_Model):
     acceleratorNodeGuard: AcceleratorNodeGuard
 
 
+class SelectorRequirement(_Model):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _values_match_operator(self) -> SelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"values are required with operator {self.operator}")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"values must be empty with operator {self.operator}")
+        return self
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "Exists":
+            return self.key in labels
+        if self.operator == "DoesNotExist":
+            return self.key not in labels
+        present = self.key in labels and labels[self.key] in self.values
+        return present if self.operator == "In" else not present
+
+
+class LabelSelector(_Model):
+    """A Kubernetes label selector (matchLabels and matchExpressions, all must hold)."""
+
+    matchLabels: dict[str, str] = Field(default_factory=dict)
+    matchExpressions: list[SelectorRequirement] = Field(default_factory=list)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.matchLabels.items()) and all(
+            requirement.matches(labels) for requirement in self.matchExpressions
+        )
+
+
 class NamespaceOverride(_Model):
-    names: list[str] = Field(min_length=1)
+    """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access)."""
+
+    names: list[str] = Field(default_factory=list)
+    selector: LabelSelector | None = None
     mode: ModeField | None = None
     rules: dict[RuleId, ModeField] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _names_or_selector(self) -> NamespaceOverride:
+        if bool(self.names) == (self.selector is not None):
+            raise ValueError("give exactly one of names and selector")
+        return self
 
 
 class Policy(_Model):
@@ -193,15 +244,31 @@ class Policy(_Model):
         # An index, so that a policy with thousands of namespace overrides costs one lookup per request.
         return {name: override for override in self.namespaces for name in override.names}
 
+    @cached_property
+    def _selector_overrides(self) -> list[NamespaceOverride]:
+        return [override for override in self.namespaces if override.selector is not None]
+
+    def namespace_override(
+        self, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> NamespaceOverride | None:
+        """The override by name, else the first whose selector matches the namespace's labels."""
+        override = self._namespace_index.get(namespace or "")
+        if override is not None or labels is None:
+            return override
+        return next((o for o in self._selector_overrides if o.selector and o.selector.matches(labels)), None)
+
     def rule(self, rule: RuleId) -> _Rule:
         rule_model: _Rule = getattr(self.rules, rule)
         return rule_model
 
-    def mode_for(self, rule: RuleId, namespace: str | None) -> Mode:
-        """The most specific mode: namespace+rule, namespace, rule, global. Disabled means off."""
+    def mode_for(self, rule: RuleId, namespace: str | None, labels: Mapping[str, str] | None = None) -> Mode:
+        """The most specific mode: namespace+rule, namespace, rule, global. Disabled means off.
+
+        `labels` are the namespace's labels when the cluster is known; selector overrides need them.
+        """
         if not self.enabled:
             return "off"
-        override = self._namespace_index.get(namespace or "")
+        override = self.namespace_override(namespace, labels)
         if override is not None:
             if rule in override.rules:
                 return override.rules[rule]

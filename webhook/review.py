@@ -16,8 +16,8 @@ from typing import Any, Literal
 import orjson
 
 from webhook import engine, patch
+from webhook.facts import ClusterFacts
 from webhook.policy import Policy
-from webhook.rules import ClusterFacts
 from webhook.workload import as_dict
 
 Endpoint = Literal["mutate", "validate"]
@@ -156,8 +156,14 @@ def _answer(
         result = engine.mutate(obj, policy, **context)
     else:
         result = engine.validate(obj, policy, old=request.get("oldObject"), **context)
+    warnings = warnings_for(result.decisions)
+    if facts is not None and facts.unavailable and result.skipped is None:
+        lookups = ", ".join(facts.unavailable)
+        warnings.append(
+            _short(f"gpuguard: cluster lookups unavailable ({lookups}); decided from the policy alone")
+        )
     fields: dict[str, Any] = {
-        "warnings": warnings_for(result.decisions),
+        "warnings": warnings,
         "auditAnnotations": audit_annotations_for(result.decisions),
     }
     denials = result.denials

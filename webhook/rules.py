@@ -7,10 +7,11 @@ mutation, so a rule must recognise its own work (and the defaults the API server
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.facts import ClusterFacts, NodeInfo
 from webhook.policy import SYSTEM_PRIORITY_PREFIX, Policy, RuleId
 from webhook.workload import (
     JSON,
@@ -25,19 +26,6 @@ from webhook.workload import (
 READINESS_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 MAX_POD_FAILURE_POLICY_RULES = 20  # batch validation: maxPodFailurePolicyRules
 DEFAULT_GRACE_PERIOD_SECONDS = 30  # what the API server defaults a missing value to
-
-
-@dataclass(frozen=True)
-class PriorityClassInfo:
-    value: int
-    preemption_policy: str | None = None
-
-
-@dataclass(frozen=True)
-class ClusterFacts:
-    """What the cluster knows and the object does not. None means unknown (offline, or API unreachable)."""
-
-    priority_classes: Mapping[str, PriorityClassInfo] | None = None
 
 
 @dataclass
@@ -179,7 +167,7 @@ def pod_failure_policy(workload: Workload, policy: Policy, _: ClusterFacts) -> R
 # --- rule 3: graceful termination ---------------------------------------------------------------------
 
 
-def graceful_termination(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
+def graceful_termination(workload: Workload, policy: Policy, facts: ClusterFacts) -> Report:
     rule = policy.rules.gracefulTermination
     report = Report()
     pre_stop: JSON = (
@@ -187,7 +175,7 @@ def graceful_termination(workload: Workload, policy: Policy, _: ClusterFacts) ->
         if rule.preStop.action == "sleep"
         else {"exec": {"command": list(rule.preStop.command)}}
     )
-    for container in accelerator_containers(workload, policy.accelerators):
+    for container in accelerator_containers(workload, policy.accelerators, facts):
         lifecycle = container.get("lifecycle")
         if lifecycle is None:
             container["lifecycle"] = {"preStop": pre_stop}
@@ -212,7 +200,10 @@ def priority(workload: Workload, policy: Policy, facts: ClusterFacts) -> Report:
     class_name = policy.rules.priority.className
     report = Report()
     spec = workload.pod_spec
-    if workload.priority_class_name():
+    current = workload.priority_class_name()
+    # The Priority plugin writes the globalDefault class into every pod without one, before webhooks
+    # run: on a pod, that name says nothing about what the user chose.
+    if current and not (workload.is_pod and current == facts.global_default_class()):
         return report
     known = facts.priority_classes
     if known is not None and class_name not in known:
@@ -248,10 +239,20 @@ MUTATORS: dict[RuleId, Mutator] = {
 # --- rule 5: accelerator-node guard (validating) ---------------------------------------------------------
 
 
-def accelerator_node_reasons(workload: Workload, policy: Policy) -> list[str]:
+def _is_accelerator_node(node: NodeInfo, policy: Policy) -> bool:
+    accelerators = policy.accelerators
+    return any(key in node.labels for key in accelerators.nodeLabels) or any(
+        accelerators.is_accelerator_resource(name) for name in node.resources
+    )
+
+
+def accelerator_node_reasons(workload: Workload, policy: Policy, facts: ClusterFacts) -> list[str]:
     """Why the workload is bound for accelerator nodes; empty if it is not."""
     accelerators = policy.accelerators
-    reasons = [f"requests {name}" for name in accelerator_requests(workload, accelerators)]
+    reasons = [f"requests {name}" for name in accelerator_requests(workload, accelerators, facts)]
+    node = facts.nodes.get(str(workload.pod_spec.get("nodeName"))) if facts.nodes is not None else None
+    if node is not None and _is_accelerator_node(node, policy):
+        reasons.append(f"nodeName {workload.pod_spec['nodeName']}")
     labels = set(accelerators.nodeLabels)
     selector = as_dict(workload.pod_spec.get("nodeSelector")) or {}
     reasons += [f"nodeSelector {key}" for key in selector if key in labels]
@@ -296,7 +297,7 @@ def accelerator_node_guard(workload: Workload, policy: Policy, facts: ClusterFac
         return report
     if workload.priority_class_name().startswith(SYSTEM_PRIORITY_PREFIX):
         return report
-    reasons = accelerator_node_reasons(workload, policy)
+    reasons = accelerator_node_reasons(workload, policy, facts)
     if not reasons:
         return report
     threshold = policy.rules.acceleratorNodeGuard.minPriority

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.facts import NO_FACTS, ClusterFacts
 from webhook.policy import Accelerators
 
 JSON = dict[str, Any]
@@ -62,6 +63,7 @@ class Workload:
     obj: JSON
     pod_spec: JSON
     job_spec: JSON | None
+    namespace: str | None = None
 
     @property
     def is_pod(self) -> bool:
@@ -116,8 +118,13 @@ def split_api_version(api_version: object) -> str:
     return api_version.split("/", 1)[0]
 
 
-def locate(obj: JSON, *, group: str | None = None, kind: str | None = None) -> Workload | None:
-    """The workload view of `obj`, or None for kinds gpuguard does not handle (DaemonSets among them)."""
+def locate(
+    obj: JSON, *, group: str | None = None, kind: str | None = None, namespace: str | None = None
+) -> Workload | None:
+    """The workload view of `obj`, or None for kinds gpuguard does not handle (DaemonSets among them).
+
+    `namespace` is the request's: objects created by controllers often carry none in their metadata.
+    """
     kind = kind if kind is not None else obj.get("kind")
     group = group if group is not None else split_api_version(obj.get("apiVersion"))
     if not isinstance(kind, str):
@@ -130,7 +137,10 @@ def locate(obj: JSON, *, group: str | None = None, kind: str | None = None) -> W
         return None
     job_path = JOB_SPEC_PATHS.get(kind)
     job_spec = _walk(obj, job_path) if job_path and group == "batch" else None
-    return Workload(group=group, kind=kind, obj=obj, pod_spec=pod_spec, job_spec=job_spec)
+    if namespace is None:
+        metadata = as_dict(obj.get("metadata")) or {}
+        namespace = metadata.get("namespace") if isinstance(metadata.get("namespace"), str) else None
+    return Workload(group, kind, obj, pod_spec, job_spec, namespace)
 
 
 def accelerator_resources(container: JSON, accelerators: Accelerators) -> list[str]:
@@ -144,20 +154,50 @@ def accelerator_resources(container: JSON, accelerators: Accelerators) -> list[s
     return list(found)
 
 
-def uses_accelerators(container: JSON, accelerators: Accelerators) -> bool:
+def _claim_counts(
+    claim: JSON, namespace: str | None, accelerators: Accelerators, facts: ClusterFacts
+) -> bool:
+    """A pod's claim counts when it asks for an accelerator device class, or when that is unknown."""
+    for field, known in (
+        ("resourceClaimName", facts.claims),
+        ("resourceClaimTemplateName", facts.claim_templates),
+    ):
+        name = claim.get(field)
+        if isinstance(name, str) and known is not None and (namespace or "", name) in known:
+            return any(accelerators.is_accelerator_device_class(c) for c in known[(namespace or "", name)])
+    return True
+
+
+def accelerator_claims(
+    workload: Workload, accelerators: Accelerators, facts: ClusterFacts = NO_FACTS
+) -> list[str]:
+    """Names of the pod's DRA resource claims that count as accelerators."""
+    if not accelerators.resourceClaims:
+        return []
+    return [
+        str(claim.get("name", ""))
+        for claim in dicts(workload.pod_spec.get("resourceClaims"))
+        if _claim_counts(claim, workload.namespace, accelerators, facts)
+    ]
+
+
+def _uses_accelerators(container: JSON, accelerators: Accelerators, claims: list[str]) -> bool:
     if accelerator_resources(container, accelerators):
         return True
     resources = as_dict(container.get("resources")) or {}
-    return accelerators.resourceClaims and any(True for _ in dicts(resources.get("claims")))
+    return any(claim.get("name") in claims for claim in dicts(resources.get("claims")))
 
 
-def accelerator_requests(workload: Workload, accelerators: Accelerators) -> list[str]:
+def accelerator_requests(
+    workload: Workload, accelerators: Accelerators, facts: ClusterFacts = NO_FACTS
+) -> list[str]:
     """What makes the workload an accelerator workload (resource names, DRA claims); empty if nothing."""
     found: dict[str, None] = {}
     for container in workload.containers():
         found.update(dict.fromkeys(accelerator_resources(container, accelerators)))
-    if accelerators.resourceClaims and any(True for _ in dicts(workload.pod_spec.get("resourceClaims"))):
-        found["DRA resource claims"] = None
+    found.update(
+        dict.fromkeys(f"DRA claim {name}" for name in accelerator_claims(workload, accelerators, facts))
+    )
     return list(found)
 
 
@@ -165,11 +205,14 @@ def is_sidecar(container: JSON) -> bool:
     return container.get("restartPolicy") == "Always"
 
 
-def accelerator_containers(workload: Workload, accelerators: Accelerators) -> Iterator[JSON]:
+def accelerator_containers(
+    workload: Workload, accelerators: Accelerators, facts: ClusterFacts = NO_FACTS
+) -> Iterator[JSON]:
     """Regular and sidecar containers that use accelerators; plain init containers never qualify."""
+    claims = accelerator_claims(workload, accelerators, facts)
     for container in dicts(workload.pod_spec.get("containers")):
-        if uses_accelerators(container, accelerators):
+        if _uses_accelerators(container, accelerators, claims):
             yield container
     for container in dicts(workload.pod_spec.get("initContainers")):
-        if is_sidecar(container) and uses_accelerators(container, accelerators):
+        if is_sidecar(container) and _uses_accelerators(container, accelerators, claims):
             yield container

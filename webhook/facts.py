@@ -1,0 +1,50 @@
+"""What the cluster knows and an object does not: PriorityClasses, namespace labels, nodes, DRA claims.
+
+The shell keeps these up to date from watches; the engine only reads them. Every field is None when
+unknown (offline CLI, or the API unreachable): rules then decide from the policy alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ClaimKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True)
+class PriorityClassInfo:
+    value: int
+    preemption_policy: str | None = None
+    global_default: bool = False
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    labels: Mapping[str, str]
+    resources: tuple[str, ...] = ()  # resource names in the node's capacity
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    priority_classes: Mapping[str, PriorityClassInfo] | None = None
+    namespace_labels: Mapping[str, Mapping[str, str]] | None = None
+    nodes: Mapping[str, NodeInfo] | None = None
+    # Device class names each ResourceClaim / ResourceClaimTemplate asks for.
+    claims: Mapping[ClaimKey, tuple[str, ...]] | None = None
+    claim_templates: Mapping[ClaimKey, tuple[str, ...]] | None = None
+    # Lookups that are configured but not available right now; users are told decisions fell back.
+    unavailable: tuple[str, ...] = ()
+
+    def labels_of(self, namespace: str | None) -> Mapping[str, str] | None:
+        if self.namespace_labels is None or namespace is None:
+            return None
+        return self.namespace_labels.get(namespace, {})
+
+    def global_default_class(self) -> str | None:
+        if self.priority_classes is None:
+            return None
+        return next((name for name, info in self.priority_classes.items() if info.global_default), None)
+
+
+NO_FACTS = ClusterFacts()
