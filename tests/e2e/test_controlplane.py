@@ -1,0 +1,72 @@
+"""The harness itself: the control plane behaves like Kubernetes, and gpuguard's registration takes effect."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from controlplane import ControlPlane
+from webhook_harness import (
+    CONFIG_NAME,
+    MUTATING_WEBHOOK,
+    VALIDATING_WEBHOOK,
+    WebhookProcess,
+    gpu_pod,
+    gpuguard_annotations,
+)
+
+
+def cpu_pod(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "10m"}},
+                }
+            ]
+        },
+    }
+
+
+def test_control_plane_stores_and_defaults_pods(control_plane: ControlPlane, namespace: str) -> None:
+    control_plane.kubectl("create", "-f", "-", input=json.dumps(cpu_pod("cpu", namespace)))
+
+    pod = control_plane.kubectl_json("get", "pod", "cpu", "-n", namespace)
+
+    assert pod["metadata"]["namespace"] == namespace
+    assert pod["status"]["phase"] == "Pending"  # no scheduler, no nodes
+    # The in-tree DefaultTolerationSeconds admission plugin ran: this is the baseline gpuguard raises.
+    assert {
+        "key": "node.kubernetes.io/not-ready",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    } in pod["spec"]["tolerations"]
+
+
+def test_registered_webhook_is_called(
+    control_plane: ControlPlane, gpuguard: WebhookProcess, namespace: str
+) -> None:
+    for kind, name, path in [
+        ("mutatingwebhookconfiguration", MUTATING_WEBHOOK, "/mutate"),
+        ("validatingwebhookconfiguration", VALIDATING_WEBHOOK, "/validate"),
+    ]:
+        (webhook,) = control_plane.kubectl_json("get", kind, CONFIG_NAME)["webhooks"]
+        assert (webhook["name"], webhook["failurePolicy"]) == (name, "Fail")
+        assert webhook["clientConfig"]["url"] == f"{gpuguard.url}{path}"
+
+    created = control_plane.kubectl_json("create", "-f", "-", input=json.dumps(gpu_pod("gpu", namespace)))
+    stored = control_plane.kubectl_json("get", "pod", "gpu", "-n", namespace)
+    assert gpuguard_annotations(created)
+    assert gpuguard_annotations(stored) == gpuguard_annotations(created)
+
+    # kube-system is excluded by the namespaceSelector, so a dead gpuguard can't wedge the cluster.
+    excluded = control_plane.kubectl_json(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(gpu_pod("gpu", "kube-system"))
+    )
+    assert not gpuguard_annotations(excluded)
