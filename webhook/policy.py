@@ -145,7 +145,10 @@ class GracefulTermination(_Rule):
 
 
 class Priority(_Rule):
-    className: str = Field(min_length=1, max_length=253)
+    # A PriorityClass name is a DNS subdomain; anything else would make every patched pod invalid.
+    className: str = Field(
+        max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    )
 
     @model_validator(mode="after")
     def _not_system(self) -> Priority:

@@ -21,6 +21,7 @@ from webhook.workload import (
     accelerator_requests,
     as_dict,
     dicts,
+    text,
 )
 
 READINESS_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -57,7 +58,8 @@ def readiness_tolerations(workload: Workload, policy: Policy, _: ClusterFacts) -
     seconds = rule.batchSeconds if workload.is_batch else rule.servingSeconds
     report = Report()
     tolerations = workload.pod_spec.get("tolerations")
-    if tolerations is None:
+    missing = tolerations is None  # absent, or `tolerations:` left empty in YAML
+    if missing:
         tolerations = []
     elif not isinstance(tolerations, list):
         return report
@@ -77,7 +79,7 @@ def readiness_tolerations(workload: Workload, policy: Policy, _: ClusterFacts) -
         ):
             first["tolerationSeconds"] = seconds
             report.changes.append(f"raise {key.rsplit('/', 1)[1]} tolerationSeconds to {seconds}")
-    if report.changes and "tolerations" not in workload.pod_spec:
+    if report.changes and missing:
         workload.pod_spec["tolerations"] = tolerations
     return report
 
@@ -91,7 +93,9 @@ def _covered_exit_codes(rules: list[JSON]) -> set[int]:
     for rule in rules:
         on_exit = as_dict(rule.get("onExitCodes"))
         if on_exit and on_exit.get("operator") == "In" and not on_exit.get("containerName"):
-            covered.update(v for v in on_exit.get("values") or [] if isinstance(v, int))
+            values = on_exit.get("values")
+            if isinstance(values, list):
+                covered.update(v for v in values if isinstance(v, int))
     return covered
 
 
@@ -261,11 +265,18 @@ def accelerator_node_reasons(workload: Workload, policy: Policy, facts: ClusterF
     required = as_dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")) or {}
     for term in dicts(required.get("nodeSelectorTerms")):
         for expression in dicts(term.get("matchExpressions")):
-            if expression.get("key") in labels and expression.get("operator") in ("In", "Exists", "Gt", "Lt"):
+            if text(expression.get("key")) in labels and expression.get("operator") in (
+                "In",
+                "Exists",
+                "Gt",
+                "Lt",
+            ):
                 reasons.append(f"node affinity {expression['key']}")
     taints = set(accelerators.taintKeys)
     reasons += [
-        f"tolerates {t['key']}" for t in dicts(workload.pod_spec.get("tolerations")) if t.get("key") in taints
+        f"tolerates {t['key']}"
+        for t in dicts(workload.pod_spec.get("tolerations"))
+        if text(t.get("key")) in taints
     ]
     return list(dict.fromkeys(reasons))
 

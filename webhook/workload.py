@@ -37,6 +37,11 @@ def as_dict(value: object) -> JSON | None:
     return value if isinstance(value, dict) else None
 
 
+def text(value: object) -> str:
+    """A string field's value, or "" when it is missing or not a string."""
+    return value if isinstance(value, str) else ""
+
+
 def dicts(value: object) -> Iterator[JSON]:
     """The dict items of a list, skipping anything malformed."""
     if isinstance(value, list):
