@@ -19,9 +19,10 @@ from fastapi.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from webhook import review
-from webhook.facts import ClusterFacts
+from webhook.facts import NO_FACTS, ClusterFacts
 from webhook.metrics import Metrics
 from webhook.policy import Policy
+from webhook.policy_store import PolicyStore
 
 # The API server refuses requests over 3 MiB for etcd, but a review wraps object and oldObject: cap a
 # little above twice that, like controller-runtime (7 MiB), so no legitimate review is turned away.
@@ -33,16 +34,17 @@ log = logging.getLogger("gpuguard.admission")
 
 @dataclass
 class State:
-    """What the endpoints read; the policy is swapped whole, so a request sees one policy throughout."""
+    """What the endpoints read. Policy and facts are replaced whole, never edited in place, so a request
+    that read them once sees one consistent policy and one consistent snapshot throughout."""
 
-    policy: Policy
-    facts: ClusterFacts = field(default_factory=ClusterFacts)
+    store: PolicyStore
+    facts: ClusterFacts = NO_FACTS
     metrics: Metrics = field(default_factory=Metrics)
     ready: bool = False
 
-    def use_policy(self, policy: Policy) -> None:
-        self.policy = policy
-        self.metrics.policy_loaded(policy.hash)
+    @property
+    def policy(self) -> Policy:
+        return self.store.policy
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -124,6 +126,20 @@ def create_app(state: State) -> AdmissionApp:
 
     @api.get("/metrics")
     def metrics() -> Response:
-        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        body = state.metrics.render(state.store.status())
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @api.get("/policy")
+    def policy() -> dict[str, object]:
+        status = state.store.status()
+        return {
+            "hash": status.hash,
+            "source": status.source,
+            "loadedAt": status.loaded_at,
+            "lastError": status.last_error,
+            "errors": status.errors,
+            "enabled": state.policy.enabled,
+            "unavailableLookups": list(state.facts.unavailable),
+        }
 
     return AdmissionApp(state, api)

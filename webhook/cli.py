@@ -11,8 +11,13 @@ gpuguard certs generate [--dir certs] [--service NAME --namespace NS] [--san NAM
 from __future__ import annotations
 
 import argparse
+import datetime
 import difflib
+import os
+import ssl
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -132,7 +137,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from webhook import server  # uvicorn and FastAPI are only needed to serve
 
     logs.configure()
-    policy = _load_policy(args.policy)
     if args.tls_cert and args.tls_key:
         cert_file, key_file = Path(args.tls_cert), Path(args.tls_key)
     else:
@@ -142,7 +146,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(
             f"gpuguard: {action} certificate {files.cert}; the CA for caBundle is {files.ca}", file=sys.stderr
         )
-    server.serve(host=args.host, port=args.port, cert_file=cert_file, key_file=key_file, policy=policy)
+    in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ
+    lookups = args.cluster_lookups == "on" or (
+        args.cluster_lookups == "auto" and bool(in_cluster or args.kubeconfig or args.policy_configmap)
+    )
+    options = server.Options(
+        host=args.host,
+        port=args.port,
+        cert_file=cert_file,
+        key_file=key_file,
+        policy_file=Path(args.policy) if args.policy else None,
+        policy_configmap=args.policy_configmap,
+        cluster=lookups,
+        kubeconfig=args.kubeconfig,
+    )
+    server.serve(options)
+    return 0
+
+
+def cmd_policy_status(args: argparse.Namespace) -> int:
+    context = ssl.create_default_context(cafile=args.cacert)
+    with urllib.request.urlopen(f"{args.url.rstrip('/')}/policy", context=context, timeout=5) as response:
+        status = orjson.loads(response.read())
+    loaded = datetime.datetime.fromtimestamp(status["loadedAt"], datetime.UTC).isoformat(timespec="seconds")
+    print(f"policy {status['hash']} from {status['source']}, loaded {loaded}")
+    if not status["enabled"]:
+        print("kill switch: enabled is false, every rule passes through")
+    if status["lastError"]:
+        print(f"last refused policy: {status['lastError']}")
+    if status["unavailableLookups"]:
+        print(f"cluster lookups unavailable: {', '.join(status['unavailableLookups'])}")
     return 0
 
 
@@ -163,6 +196,18 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--san", action="append", default=[], help="extra name for a generated certificate")
     serve.add_argument("--tls-cert", help="serving certificate (PEM); with --tls-key, --cert-dir is unused")
     serve.add_argument("--tls-key", help="serving key (PEM)")
+    serve.add_argument(
+        "--policy-configmap",
+        metavar="NAMESPACE/NAME",
+        help="watch this ConfigMap's policy.yaml key and apply changes live",
+    )
+    serve.add_argument("--kubeconfig", help="cluster credentials; in a pod the service account is used")
+    serve.add_argument(
+        "--cluster-lookups",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="cache PriorityClasses, namespaces, nodes and DRA claims (auto: when cluster access is configured)",
+    )
     serve.set_defaults(run=cmd_serve)
 
     for name, run, help_text in (
@@ -218,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PolicyError as exc:
         print(f"gpuguard: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, urllib.error.URLError) as exc:
         print(f"gpuguard: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return code

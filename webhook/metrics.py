@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import bisect
-import time
 from collections import Counter
 from collections.abc import Iterable
 
 from webhook.engine import Decision
+from webhook.policy_store import PolicyStatus
 
 # Fine buckets at the bottom: the API server's own webhook histogram starts at 5 ms, ours far below it.
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -46,13 +46,6 @@ class Metrics:
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self.requests: Counter[tuple[str, str]] = Counter()
         self.latency: dict[str, Histogram] = {}
-        self.policy_errors = 0
-        self.policy_hash = ""
-        self.policy_loaded_at = 0.0
-
-    def policy_loaded(self, policy_hash: str) -> None:
-        self.policy_hash = policy_hash
-        self.policy_loaded_at = time.time()
 
     def observe(self, endpoint: str, result: str, seconds: float, decisions: Iterable[Decision]) -> None:
         self.requests[(endpoint, result)] += 1
@@ -60,7 +53,7 @@ class Metrics:
         for decision in decisions:
             self.decisions[(decision.rule, decision.mode, decision.outcome)] += 1
 
-    def render(self) -> str:
+    def render(self, policy: PolicyStatus) -> str:
         lines = [
             "# HELP gpuguard_admission_requests_total AdmissionReviews answered, by endpoint and result.",
             "# TYPE gpuguard_admission_requests_total counter",
@@ -85,12 +78,12 @@ class Metrics:
         lines += [
             "# HELP gpuguard_policy_info The active policy, by hash.",
             "# TYPE gpuguard_policy_info gauge",
-            f"gpuguard_policy_info{_labels(hash=self.policy_hash)} 1",
+            f"gpuguard_policy_info{_labels(hash=policy.hash)} 1",
             "# HELP gpuguard_policy_loaded_timestamp_seconds When the active policy was loaded.",
             "# TYPE gpuguard_policy_loaded_timestamp_seconds gauge",
-            f"gpuguard_policy_loaded_timestamp_seconds {self.policy_loaded_at}",
+            f"gpuguard_policy_loaded_timestamp_seconds {policy.loaded_at}",
             "# HELP gpuguard_policy_errors_total Policies refused because they were invalid.",
             "# TYPE gpuguard_policy_errors_total counter",
-            f"gpuguard_policy_errors_total {self.policy_errors}",
+            f"gpuguard_policy_errors_total {policy.errors}",
         ]
         return "\n".join(lines) + "\n"

@@ -29,7 +29,11 @@ log = logging.getLogger("gpuguard.review")
 
 
 class BadReview(ValueError):
-    """The body is not an AdmissionReview gpuguard can answer."""
+    """The body is not an AdmissionReview gpuguard can answer; `uid` is echoed when one was readable."""
+
+    def __init__(self, message: str, uid: str = "") -> None:
+        super().__init__(message)
+        self.uid = uid
 
 
 @dataclass(frozen=True)
@@ -85,14 +89,16 @@ def _parse(body: bytes) -> tuple[str, dict[str, Any]]:
         raise BadReview(f"body is not JSON: {exc}") from exc
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")
+    request = as_dict(review.get("request"))
+    uid = request.get("uid") if request is not None else None
+    if request is None or not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing")
     if review.get("kind") != "AdmissionReview":
-        raise BadReview(f"kind must be AdmissionReview, got {review.get('kind')!r}")
+        raise BadReview(f"kind must be AdmissionReview, got {review.get('kind')!r}", uid)
     api_version = review.get("apiVersion")
     if api_version not in SUPPORTED_VERSIONS:
-        raise BadReview(f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)}, got {api_version!r}")
-    request = as_dict(review.get("request"))
-    if request is None or not isinstance(request.get("uid"), str) or not request["uid"]:
-        raise BadReview("request.uid is missing")
+        message = f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)}, got {api_version!r}"
+        raise BadReview(message, uid)
     return api_version, request
 
 
@@ -125,7 +131,7 @@ def review(body: bytes, *, endpoint: Endpoint, policy: Policy, facts: ClusterFac
     try:
         api_version, request = _parse(body)
     except BadReview as exc:
-        return rejected(str(exc))
+        return rejected(str(exc), uid=exc.uid)
     uid: str = request["uid"]
     try:
         return _answer(api_version, request, endpoint=endpoint, policy=policy, facts=facts)
