@@ -6,7 +6,7 @@ import re
 import secrets
 import subprocess
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "build.sh"
 CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()
 WEBHOOK_KEY = pytest.StashKey[WebhookProcess]()
+SUMMARY_KEY = pytest.StashKey[list[str]]()
 
 
 def _pinned_version() -> str:
@@ -64,6 +65,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             f"e2e: ran against Kubernetes {plane.version} (etcd {plane.etcd_version}), "
             f"control plane started in {plane.startup_seconds:.1f} s"
         )
+    for line in config.stash.get(SUMMARY_KEY, []):
+        terminalreporter.write_line(f"e2e: {line}")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -142,3 +145,17 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
     control_plane.kubectl("create", "namespace", name)
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def summary(
+    pytestconfig: pytest.Config, record_property: Callable[[str, object], None]
+) -> Callable[[str, str], None]:
+    """`summary(key, text)`: a measurement worth reading without -s. It is printed in the terminal summary
+    (also under -q) and recorded as a property of the test (JUnit XML)."""
+
+    def add(key: str, text: str) -> None:
+        record_property(key, text)
+        pytestconfig.stash.setdefault(SUMMARY_KEY, []).append(text)
+
+    return add

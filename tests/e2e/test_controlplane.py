@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from controlplane import ControlPlane
 from webhook_harness import (
@@ -11,26 +10,10 @@ from webhook_harness import (
     MUTATING_WEBHOOK,
     VALIDATING_WEBHOOK,
     WebhookProcess,
+    cpu_pod,
     gpu_pod,
     gpuguard_annotations,
 )
-
-
-def cpu_pod(name: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"requests": {"cpu": "10m"}},
-                }
-            ]
-        },
-    }
 
 
 def test_control_plane_stores_and_defaults_pods(control_plane: ControlPlane, namespace: str) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import ssl
+import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +31,15 @@ CONFIG_NAME = "gpuguard-e2e"
 MUTATING_WEBHOOK = "mutate.gpuguard.io"
 VALIDATING_WEBHOOK = "validate.gpuguard.io"
 ANNOTATION_PREFIX = "gpuguard.io/"
+RULES_ANNOTATION = f"{ANNOTATION_PREFIX}rules"
+READINESS_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+API_SERVER_DEFAULT_SECONDS = 300  # kube-apiserver's --default-*-toleration-seconds
+# What the embedded default policy (webhook/default-policy.yaml) promises, as a user reads it in the README.
+SERVING_SECONDS = 600
+BATCH_SECONDS = 1800
+PRE_STOP = {"sleep": {"seconds": 10}}
+GRACE_SECONDS = 60  # max(minGracePeriodSeconds 60, preStop 10 + marginSeconds 20)
+IMAGE = "registry.k8s.io/pause:3.10"
 
 FailurePolicy = Literal["Fail", "Ignore"]
 
@@ -81,6 +92,14 @@ class WebhookProcess:
         if not ca.is_file():  # the server writes its certificates before it listens
             return False
         return http_get(self.port, "/readyz", ssl.create_default_context(cafile=str(ca)))[0] == 200
+
+    def metrics(self) -> str:
+        """GET /metrics: gpuguard's Prometheus text."""
+        context = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
+        status, body = http_get(self.port, "/metrics", context)
+        if status != 200:
+            raise RuntimeError(f"gpuguard /metrics answered {status}")
+        return body.decode()
 
     def stop(self) -> None:
         if self._process is not None:
@@ -157,20 +176,103 @@ def webhook_configurations(webhook: WebhookProcess, failure_policy: FailurePolic
     return {"apiVersion": "v1", "kind": "List", "items": [mutating, validating]}
 
 
-def gpu_pod(name: str, namespace: str, gpus: int = 1) -> dict[str, Any]:
+def gpu_container(name: str = "main", gpus: int = 1) -> dict[str, Any]:
+    return {"name": name, "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+
+
+def gpu_pod(name: str, namespace: str, gpus: int = 1, *, restart_policy: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [gpu_container(gpus=gpus)]}
+    if restart_policy is not None:
+        spec["restartPolicy"] = restart_policy
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                }
-            ]
-        },
+        "spec": spec,
+    }
+
+
+def cpu_pod(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [{"name": "main", "image": IMAGE, "resources": {"requests": {"cpu": "10m"}}}]},
+    }
+
+
+def pinned_to_gpu_nodes(name: str, namespace: str) -> dict[str, Any]:
+    """A CPU pod (no GPU request) with a GPU nodeSelector and no priority class: it would crowd accelerator
+    nodes, and acceleratorNodeGuard is there to deny it."""
+    pod = cpu_pod(name, namespace)
+    pod["spec"]["nodeSelector"] = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    return pod
+
+
+def _template(name: str, restart_policy: str) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"app": name}},
+        "spec": {"restartPolicy": restart_policy, "containers": [gpu_container()]},
+    }
+
+
+def gpu_job(name: str, namespace: str, *, restart_policy: str = "Never") -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"backoffLimit": 4, "template": _template(name, restart_policy)},
+    }
+
+
+def gpu_cronjob(name: str, namespace: str) -> dict[str, Any]:
+    job = gpu_job(name, namespace)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": job["metadata"],
+        "spec": {"schedule": "0 2 * * *", "jobTemplate": {"spec": job["spec"]}},
+    }
+
+
+def gpu_deployment(name: str, namespace: str, *, kind: str = "Deployment") -> dict[str, Any]:
+    """A Deployment, or with `kind="StatefulSet"` a StatefulSet: the fields gpuguard reads are the same."""
+    spec: dict[str, Any] = {
+        "replicas": 1,
+        "selector": {"matchLabels": {"app": name}},
+        "template": _template(name, "Always"),
+    }
+    if kind == "StatefulSet":
+        spec["serviceName"] = name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def gpu_statefulset(name: str, namespace: str) -> dict[str, Any]:
+    return gpu_deployment(name, namespace, kind="StatefulSet")
+
+
+def pod_spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod spec inside a Pod, a workload's template or a CronJob's job template."""
+    spec: dict[str, Any] = obj["spec"]
+    if obj["kind"] == "Pod":
+        return spec
+    if obj["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    template_spec: dict[str, Any] = spec["template"]["spec"]
+    return template_spec
+
+
+def readiness_tolerations(pod_spec: Mapping[str, Any]) -> dict[str, list[int | None]]:
+    """tolerationSeconds of every toleration naming each readiness taint key, in list order."""
+    tolerations = pod_spec.get("tolerations") or []
+    return {
+        key: [t.get("tolerationSeconds") for t in tolerations if t.get("key") == key]
+        for key in READINESS_KEYS
     }
 
 
@@ -212,18 +314,111 @@ def unregister(plane: ControlPlane) -> None:
     )
 
 
-def wait_until_called(plane: ControlPlane, timeout: float = 30.0, namespace: str = "default") -> float:
-    """Registration takes effect only once the apiserver's informer sees it: dry-run a GPU pod until
-    the mutation shows up. Returns the seconds it took."""
-    probe = json.dumps(gpu_pod("gpuguard-e2e-probe", namespace))
+def submit(
+    plane: ControlPlane, verb: str, obj: Mapping[str, Any], *flags: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl <verb> <flags> -f -` with `obj` as JSON (a List for several objects)."""
+    return plane.kubectl(verb, *flags, "-f", "-", input=json.dumps(obj), check=check)
+
+
+def read_back(plane: ControlPlane, obj: Mapping[str, Any]) -> Any:
+    """The object as the API server stored it (`kubectl get -o json`)."""
+    metadata = obj["metadata"]
+    kind = (
+        f"{obj['kind'].lower()}.{obj['apiVersion'].rsplit('/', 1)[0]}"
+        if "/" in obj["apiVersion"]
+        else obj["kind"]
+    )
+    args = ["get", kind, metadata["name"]]
+    if metadata.get("namespace"):
+        args += ["-n", metadata["namespace"]]
+    return plane.kubectl_json(*args)
+
+
+def kubectl_warnings(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """What kubectl printed as admission warnings (`Warning: ...` lines on stderr), prefix removed."""
+    return [
+        line.removeprefix("Warning: ") for line in result.stderr.splitlines() if line.startswith("Warning: ")
+    ]
+
+
+def probe_until(
+    plane: ControlPlane,
+    accept: Callable[[subprocess.CompletedProcess[str]], bool],
+    *,
+    what: str,
+    timeout: float = 30.0,
+    namespace: str = "default",
+) -> float:
+    """Dry-runs a GPU pod until `accept` likes the answer: webhook registrations take effect only once
+    the apiserver's informer sees them. Returns the seconds it took."""
+    probe = gpu_pod("gpuguard-e2e-probe", namespace)
     start = time.monotonic()
     last = ""
     while time.monotonic() - start < timeout:
-        result = plane.kubectl(
-            "create", "--dry-run=server", "-o", "json", "-f", "-", input=probe, check=False
-        )
-        if result.returncode == 0 and gpuguard_annotations(json.loads(result.stdout)):
+        result = submit(plane, "create", probe, "--dry-run=server", "-o", "json", check=False)
+        if accept(result):
             return time.monotonic() - start
-        last = result.stderr or "created without gpuguard.io/ annotations"
+        last = f"exit {result.returncode}: {result.stderr.strip() or result.stdout[:300]}"
         time.sleep(POLL_INTERVAL)
-    raise TimeoutError(f"the API server did not call gpuguard within {timeout:.0f} s; last attempt: {last}")
+    raise TimeoutError(f"{what}: not seen within {timeout:.0f} s; last attempt: {last}")
+
+
+def _mutated(result: subprocess.CompletedProcess[str]) -> bool:
+    return result.returncode == 0 and bool(gpuguard_annotations(json.loads(result.stdout)))
+
+
+def wait_until_called(plane: ControlPlane, timeout: float = 30.0, namespace: str = "default") -> float:
+    """Until a dry-run GPU pod comes back mutated: gpuguard is registered, running and enforcing."""
+    return probe_until(
+        plane, _mutated, what="gpuguard mutating GPU pods", timeout=timeout, namespace=namespace
+    )
+
+
+def wait_until_answering(plane: ControlPlane, timeout: float = 30.0) -> float:
+    """Until a dry-run GPU pod is admitted at all: with failurePolicy Fail that takes a live gpuguard,
+    whatever its policy (and a fresh connection after a restart)."""
+    return probe_until(plane, lambda r: r.returncode == 0, what="gpuguard answering", timeout=timeout)
+
+
+def restore_default(plane: ControlPlane, webhook: WebhookProcess) -> None:
+    """Back to what the session fixture set up: the default policy, failurePolicy Fail, proven called."""
+    webhook.restart(None)
+    register(plane, webhook)
+    wait_until_called(plane)
+
+
+# --- Prometheus text: the API server's and gpuguard's own ---------------------------------------------
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample of the series `name` in a Prometheus text exposition."""
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match["name"] == name:
+            yield dict(_LABEL.findall(match["labels"] or "")), float(match["value"])
+
+
+def admission_latency_buckets(plane: ControlPlane, webhooks: tuple[str, ...]) -> dict[str, float]:
+    """The apiserver's cumulative webhook latency buckets (`le` -> calls), summed over `webhooks` and every
+    operation, type and rejected label."""
+    text = plane.kubectl("get", "--raw", "/metrics").stdout
+    totals: dict[str, float] = {}
+    for labels, value in metric_samples(
+        text, "apiserver_admission_webhook_admission_duration_seconds_bucket"
+    ):
+        if labels.get("name") in webhooks:
+            totals[labels["le"]] = totals.get(labels["le"], 0.0) + value
+    return totals
+
+
+def gpuguard_decisions(webhook: WebhookProcess, **match: str) -> float:
+    """gpuguard's own `gpuguard_decisions_total`, summed over the samples whose labels include `match`."""
+    return sum(
+        value
+        for labels, value in metric_samples(webhook.metrics(), "gpuguard_decisions_total")
+        if match.items() <= labels.items()
+    )

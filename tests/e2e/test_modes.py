@@ -1,0 +1,120 @@
+"""audit and warn modes: gpuguard restarted with a policy file changes and denies nothing.
+
+The mode fixture is module-scoped and parametrized, so pytest runs every test under `audit`, then every
+test under `warn`: three webhook restarts for the whole module (audit, warn, back to the default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from controlplane import ControlPlane
+from webhook_harness import (
+    API_SERVER_DEFAULT_SECONDS,
+    READINESS_KEYS,
+    WebhookProcess,
+    gpu_job,
+    gpu_pod,
+    gpuguard_annotations,
+    gpuguard_decisions,
+    kubectl_warnings,
+    pinned_to_gpu_nodes,
+    read_back,
+    readiness_tolerations,
+    restore_default,
+    submit,
+    wait_until_answering,
+)
+
+
+@pytest.fixture(scope="module")
+def default_policy_afterwards(control_plane: ControlPlane, gpuguard: WebhookProcess) -> Iterator[None]:
+    yield
+    restore_default(control_plane, gpuguard)
+
+
+@pytest.fixture(scope="module", params=["audit", "warn"])
+def mode(
+    request: pytest.FixtureRequest,
+    control_plane: ControlPlane,
+    gpuguard: WebhookProcess,
+    default_policy_afterwards: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> str:
+    mode: str = request.param
+    policy = tmp_path_factory.mktemp("policy") / f"{mode}.yaml"
+    policy.write_text(f"mode: {mode}\n")  # a policy file names only what it changes (README)
+    gpuguard.restart(policy)
+    # The registration (failurePolicy Fail) is unchanged: an admitted probe was answered by this process.
+    wait_until_answering(control_plane)
+    return mode
+
+
+def gpuguard_warnings(stderr_lines: list[str]) -> list[str]:
+    return [line for line in stderr_lines if line.startswith("gpuguard")]
+
+
+def test_gpu_pod_is_stored_as_submitted(
+    control_plane: ControlPlane, gpuguard: WebhookProcess, namespace: str, mode: str
+) -> None:
+    manifest = gpu_pod("gpu", namespace)
+    before = gpuguard_decisions(gpuguard, mode=mode, outcome="would-apply")
+
+    result = submit(control_plane, "apply", manifest)
+    pod = read_back(control_plane, manifest)
+
+    assert not gpuguard_annotations(pod)
+    assert readiness_tolerations(pod["spec"]) == {key: [API_SERVER_DEFAULT_SECONDS] for key in READINESS_KEYS}
+    assert "lifecycle" not in pod["spec"]["containers"][0]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 30
+    assert "priorityClassName" not in pod["spec"]
+    assert pod["spec"]["priority"] == 0
+    # ...but recorded: one would-apply decision per rule that would have changed the pod.
+    assert gpuguard_decisions(gpuguard, mode=mode, outcome="would-apply") > before
+    warnings = gpuguard_warnings(kubectl_warnings(result))
+    if mode == "warn":
+        assert any(w.startswith("gpuguard (warn) would ") for w in warnings), result.stderr
+        assert any("toleration" in w for w in warnings), warnings
+    else:
+        assert warnings == []
+
+
+def test_gpu_job_is_stored_without_pod_failure_policy(
+    control_plane: ControlPlane, namespace: str, mode: str
+) -> None:
+    manifest = gpu_job("train", namespace)
+
+    result = submit(control_plane, "apply", manifest)
+    job: dict[str, Any] = read_back(control_plane, manifest)
+
+    assert not gpuguard_annotations(job)
+    assert "podFailurePolicy" not in job["spec"]
+    assert job["spec"]["podReplacementPolicy"] == "TerminatingOrFailed"
+    assert "tolerations" not in job["spec"]["template"]["spec"]
+    warnings = gpuguard_warnings(kubectl_warnings(result))
+    assert any("podFailurePolicy" in w for w in warnings) if mode == "warn" else warnings == []
+
+
+def test_pod_pinned_to_gpu_nodes_is_admitted(
+    control_plane: ControlPlane, gpuguard: WebhookProcess, namespace: str, mode: str
+) -> None:
+    manifest = pinned_to_gpu_nodes("crowder", namespace)
+    before = gpuguard_decisions(gpuguard, rule="acceleratorNodeGuard", mode=mode, outcome="would-deny")
+
+    result = submit(control_plane, "apply", manifest)
+    pod = read_back(control_plane, manifest)
+
+    assert pod["spec"]["priority"] == 0
+    assert (
+        gpuguard_decisions(gpuguard, rule="acceleratorNodeGuard", mode=mode, outcome="would-deny")
+        == before + 1
+    )
+    warnings = gpuguard_warnings(kubectl_warnings(result))
+    if mode == "warn":
+        assert any(
+            w.startswith("gpuguard (warn) would deny") and "priorityClassName" in w for w in warnings
+        ), result.stderr
+    else:
+        assert warnings == []
