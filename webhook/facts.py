@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 ClaimKey = tuple[str, str]  # (namespace, name)
+# The ClusterFacts fields filled from the cluster, by name (the names `unavailable` lists).
+LOOKUPS = ("priority_classes", "namespace_labels", "nodes", "claims", "claim_templates")
 
 
 @dataclass(frozen=True)

@@ -321,10 +321,17 @@ def accelerator_node_guard(workload: Workload, policy: Policy, facts: ClusterFac
     if resolved.value >= threshold or resolved.value >= SYSTEM_CRITICAL_PRIORITY:
         return report
     # The most useful words first: kubectl already names the object, and warnings get cut at 120 chars.
+    # Suggest the policy's class only where it would help: it exists (when the cluster is known) and
+    # its value clears the threshold.
     suggestion = policy.rules.priority.className
+    known = facts.priority_classes
+    if known is None:
+        suggested_value = policy.priority_value(suggestion)
+    else:
+        suggested_value = known[suggestion].value if suggestion in known else None
     fix = (
         f"set priorityClassName {suggestion} (or a class >= {threshold})"
-        if (policy.priority_value(suggestion) or 0) >= threshold
+        if (suggested_value or 0) >= threshold
         else f"set a priorityClassName with value >= {threshold}"
     )
     report.changes.append(

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import http.client
 import json
-import os
 import re
+import secrets
 import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +27,10 @@ from controlplane import (
     http_get,
     spawn,
     wait_until,
+    without_proxies,
 )
+
+from webhook.policy import parse_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_NAME = "gpuguard-e2e"
@@ -42,6 +48,9 @@ GRACE_SECONDS = 60  # max(minGracePeriodSeconds 60, preStop 10 + marginSeconds 2
 IMAGE = "registry.k8s.io/pause:3.10"
 
 FailurePolicy = Literal["Fail", "Ignore"]
+# A namespace carrying this label belongs to another gpuguard under test (the value names its webhook
+# configuration): the session's registration leaves it alone, so no object is mutated by two gpuguards.
+OWNER_LABEL = "gpuguard-e2e/webhook"
 
 
 class WebhookProcess:
@@ -50,8 +59,11 @@ class WebhookProcess:
     Port and certificates survive `restart`, so the registered URL and caBundle stay valid.
     """
 
-    def __init__(self, workdir: Path, python: str = sys.executable) -> None:
+    def __init__(
+        self, workdir: Path, python: str = sys.executable, *, extra_args: Sequence[str] = ()
+    ) -> None:
         self.python = python
+        self.extra_args = tuple(extra_args)  # passed to `serve` on every start (--kubeconfig, ...)
         self.cert_dir = workdir / "certs"
         self.log_path = workdir / "gpuguard.log"
         (self.port,) = free_ports(1)
@@ -74,11 +86,12 @@ class WebhookProcess:
         argv += ["--cert-dir", str(self.cert_dir)]
         if policy_path is not None:
             argv += ["--policy", str(policy_path)]
+        argv += self.extra_args
         self.policy_path = policy_path
         with self.log_path.open("a") as log:  # the log spans restarts; mark where each one begins
             log.write(f"# e2e: {' '.join(argv)}\n")
         # Run from the source tree whether or not the package is installed into the interpreter.
-        env = dict(os.environ)
+        env = without_proxies()  # the kubernetes client would send its API calls through a proxy
         env["PYTHONPATH"] = f"{REPO_ROOT}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO_ROOT)
         self._process = spawn(argv, self.log_path, env, cwd=REPO_ROOT)
         try:
@@ -100,6 +113,27 @@ class WebhookProcess:
         if status != 200:
             raise RuntimeError(f"gpuguard /metrics answered {status}")
         return body.decode()
+
+    def request_json(self, method: str, path: str, payload: Any = None) -> Any:
+        """One HTTPS request to gpuguard (a JSON body when `payload` is given); the JSON answer."""
+        context = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
+        conn = http.client.HTTPSConnection(LOOPBACK, self.port, timeout=10, context=context)
+        try:
+            body = None if payload is None else json.dumps(payload)
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            data = response.read()
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise RuntimeError(f"gpuguard {method} {path} answered {response.status}: {data[:300]!r}")
+        return json.loads(data)
+
+    def wait(self, ready: Callable[[], bool], *, what: str, timeout: float = 10.0) -> float:
+        """Polls `ready` (bounded); fails fast with the log tail if gpuguard dies. Returns the seconds taken."""
+        if self._process is None:
+            raise RuntimeError("gpuguard is not running")
+        return wait_until(ready, timeout=timeout, what=what, process=self._process)
 
     def stop(self) -> None:
         if self._process is not None:
@@ -129,19 +163,30 @@ def _rules(operations: list[str]) -> list[dict[str, Any]]:
     ]
 
 
-def webhook_configurations(webhook: WebhookProcess, failure_policy: FailurePolicy) -> dict[str, Any]:
+def webhook_configurations(
+    webhook: WebhookProcess,
+    failure_policy: FailurePolicy,
+    *,
+    name: str = CONFIG_NAME,
+    namespace_selector: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The session's configurations; another `name` (and its `namespace_selector`) registers a second
+    gpuguard next to it, with webhooks named `mutate.<name>.gpuguard.io` and `validate.<name>...`."""
+    selector = namespace_selector or {
+        "matchExpressions": [
+            # A dead webhook with failurePolicy Fail must not block the control plane's own namespace.
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]},
+            {"key": OWNER_LABEL, "operator": "DoesNotExist"},
+        ]
+    }
     common: dict[str, Any] = {
         "admissionReviewVersions": ["v1"],
         "sideEffects": "None",  # also what lets --dry-run=server requests reach the webhook
         "timeoutSeconds": 5,
         "failurePolicy": failure_policy,
-        # A dead webhook with failurePolicy Fail must not block the control plane's own namespace.
-        "namespaceSelector": {
-            "matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]},
-            ]
-        },
+        "namespaceSelector": dict(selector),
     }
+    infix = "" if name == CONFIG_NAME else f"{name}."
 
     def client_config(path: str) -> dict[str, str]:
         return {"url": f"{webhook.url}{path}", "caBundle": webhook.ca_bundle_b64}
@@ -149,10 +194,10 @@ def webhook_configurations(webhook: WebhookProcess, failure_policy: FailurePolic
     mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": CONFIG_NAME},
+        "metadata": {"name": name},
         "webhooks": [
             {
-                "name": MUTATING_WEBHOOK,
+                "name": MUTATING_WEBHOOK.replace(".", f".{infix}", 1),
                 "clientConfig": client_config("/mutate"),
                 "reinvocationPolicy": "IfNeeded",
                 "rules": _rules(["CREATE"]),
@@ -163,10 +208,10 @@ def webhook_configurations(webhook: WebhookProcess, failure_policy: FailurePolic
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": CONFIG_NAME},
+        "metadata": {"name": name},
         "webhooks": [
             {
-                "name": VALIDATING_WEBHOOK,
+                "name": VALIDATING_WEBHOOK.replace(".", f".{infix}", 1),
                 "clientConfig": client_config("/validate"),
                 "rules": _rules(["CREATE", "UPDATE"]),
                 **common,
@@ -301,15 +346,25 @@ def install_priority_classes(plane: ControlPlane, classes: Mapping[str, int]) ->
     plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
 
-def register(plane: ControlPlane, webhook: WebhookProcess, failure_policy: FailurePolicy = "Fail") -> None:
-    plane.kubectl("apply", "-f", "-", input=json.dumps(webhook_configurations(webhook, failure_policy)))
+def register(
+    plane: ControlPlane,
+    webhook: WebhookProcess,
+    failure_policy: FailurePolicy = "Fail",
+    *,
+    name: str = CONFIG_NAME,
+    namespace_selector: Mapping[str, Any] | None = None,
+) -> None:
+    configurations = webhook_configurations(
+        webhook, failure_policy, name=name, namespace_selector=namespace_selector
+    )
+    plane.kubectl("apply", "-f", "-", input=json.dumps(configurations))
 
 
-def unregister(plane: ControlPlane) -> None:
+def unregister(plane: ControlPlane, name: str = CONFIG_NAME) -> None:
     plane.kubectl(
         "delete",
         "mutatingwebhookconfiguration,validatingwebhookconfiguration",
-        CONFIG_NAME,
+        name,
         "--ignore-not-found",
     )
 
@@ -422,3 +477,173 @@ def gpuguard_decisions(webhook: WebhookProcess, **match: str) -> float:
         for labels, value in metric_samples(webhook.metrics(), "gpuguard_decisions_total")
         if match.items() <= labels.items()
     )
+
+
+# --- a second gpuguard with cluster access: its policy from a ConfigMap, its facts from watches -----------
+
+POLICY_KEY = "policy.yaml"  # the ConfigMap key `serve --policy-configmap` reads
+
+
+def create_namespace(plane: ControlPlane, stem: str, labels: Mapping[str, str] | None = None) -> str:
+    """A fresh namespace `<stem>-<random>` with `labels`; its name."""
+    name = f"{stem}-{secrets.token_hex(3)}"
+    metadata = {"name": name, "labels": dict(labels or {})}
+    submit(plane, "create", {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
+    return name
+
+
+def policy_configmap(namespace: str, name: str, policy: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {POLICY_KEY: policy},
+    }
+
+
+def policy_hash(text: str) -> str:
+    """The hash gpuguard names a policy text by (`gpuguard.io/policy`, `gpuguard_policy_info`, /policy)."""
+    return parse_policy(text).hash
+
+
+def log_records(path: Path) -> list[dict[str, Any]]:
+    """gpuguard's JSON log lines; the harness' `# e2e:` markers and plain startup notes are skipped."""
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                records.append(json.loads(line))
+    return records
+
+
+def dry_run(plane: ControlPlane, obj: Mapping[str, Any]) -> subprocess.CompletedProcess[str]:
+    """`kubectl create --dry-run=server -o json`: the object as it would be stored, or the refusal."""
+    return submit(plane, "create", obj, "--dry-run=server", "-o", "json", check=False)
+
+
+def dry_run_until(
+    plane: ControlPlane,
+    obj: Mapping[str, Any],
+    accept: Callable[[subprocess.CompletedProcess[str]], bool],
+    *,
+    what: str,
+    timeout: float = 10.0,
+) -> tuple[float, list[subprocess.CompletedProcess[str]]]:
+    """Dry-runs `obj` until `accept` likes the answer, at most `timeout` seconds. Returns the seconds it took
+    and every answer on the way (a caller can check that none of them was refused)."""
+    start = time.monotonic()
+    answers: list[subprocess.CompletedProcess[str]] = []
+    while True:
+        answers.append(dry_run(plane, obj))
+        if accept(answers[-1]):
+            return time.monotonic() - start, answers
+        if time.monotonic() - start > timeout:
+            last = answers[-1]
+            raise TimeoutError(
+                f"{what}: not seen within {timeout:.0f} s ({len(answers)} attempts); last: exit "
+                f"{last.returncode}: {last.stderr.strip() or last.stdout[:500]}"
+            )
+        time.sleep(POLL_INTERVAL)
+
+
+def admission_review(
+    obj: Mapping[str, Any], *, operation: str = "CREATE", dry_run: bool = False
+) -> dict[str, Any]:
+    """An AdmissionReview v1 request for `obj`, as the API server sends it to a webhook (a dry run is
+    answered the same but left out of gpuguard's decision counters)."""
+    group, _, version = str(obj["apiVersion"]).rpartition("/")
+    metadata = obj.get("metadata") or {}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": group, "version": version, "kind": obj["kind"]},
+            "resource": {"group": group, "version": version, "resource": f"{str(obj['kind']).lower()}s"},
+            "namespace": metadata.get("namespace"),
+            "name": metadata.get("name"),
+            "operation": operation,
+            "userInfo": {"username": "e2e"},
+            "object": obj,
+            "dryRun": dry_run,
+        },
+    }
+
+
+def patch_of(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON Patch of an AdmissionReview answer (`response.patch`, base64), empty without one."""
+    encoded = response.get("patch")
+    return json.loads(base64.b64decode(encoded)) if encoded else []
+
+
+class LiveWebhook:
+    """gpuguard with `--kubeconfig` and `--policy-configmap`, registered (failurePolicy Fail) for the
+    namespaces labelled OWNER_LABEL=<name> only: the session's gpuguard never sees them, this one sees
+    nothing else. Its ConfigMap lives in a namespace of its own."""
+
+    CONFIGMAP = "gpuguard-policy"
+
+    def __init__(self, plane: ControlPlane, workdir: Path, name: str) -> None:
+        self.plane = plane
+        self.name = name
+        self.configmap_namespace = create_namespace(plane, f"{name}-config")
+        self._namespaces = [self.configmap_namespace]
+        self.process = WebhookProcess(
+            workdir,
+            extra_args=("--kubeconfig", str(plane.kubeconfig), "--policy-configmap", self.configmap_ref),
+        )
+
+    @property
+    def configmap_ref(self) -> str:
+        return f"{self.configmap_namespace}/{self.CONFIGMAP}"
+
+    def start(self, policy: str) -> None:
+        """Writes the ConfigMap, starts gpuguard, registers it, and waits until it mutates a GPU pod
+        (so `policy` must leave the priority rule enforcing, and name a class that exists)."""
+        install_priority_classes(self.plane, default_priority_classes())  # as the session fixture does
+        self.edit_policy(policy)
+        self.process.start()
+        selector = {"matchLabels": {OWNER_LABEL: self.name}}
+        register(self.plane, self.process, name=self.name, namespace_selector=selector)
+        wait_until_called(self.plane, namespace=self.namespace("probe"))
+
+    def stop(self) -> None:
+        if self.plane.running:
+            unregister(self.plane, self.name)
+            self.plane.kubectl("delete", "namespace", *self._namespaces, "--wait=false", check=False)
+        self.process.stop()
+
+    def namespace(self, stem: str, labels: Mapping[str, str] | None = None) -> str:
+        """A fresh namespace that this gpuguard, and only this one, answers for."""
+        name = create_namespace(self.plane, stem, {OWNER_LABEL: self.name, **(labels or {})})
+        self._namespaces.append(name)
+        return name
+
+    def edit_policy(self, text: str) -> None:
+        """`kubectl apply` of the ConfigMap with `text` as its policy.yaml, and nothing more."""
+        submit(self.plane, "apply", policy_configmap(self.configmap_namespace, self.CONFIGMAP, text))
+
+    def set_policy(self, text: str, timeout: float = 10.0) -> float:
+        """`edit_policy`, then wait until gpuguard reports that policy active. Returns the seconds it took."""
+        expected = policy_hash(text)
+        self.edit_policy(text)
+        return self.process.wait(
+            lambda: self.status()["hash"] == expected, what=f"policy {expected} active", timeout=timeout
+        )
+
+    def status(self) -> dict[str, Any]:
+        """GET /policy: hash, source, loadedAt, lastError, errors, enabled, unavailableLookups."""
+        status: dict[str, Any] = self.process.request_json("GET", "/policy")
+        return status
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        """The Events recorded on the policy ConfigMap with this reason (in no useful order: timestamps
+        have whole seconds; tell new ones from old by `metadata.name`)."""
+        selector = f"involvedObject.kind=ConfigMap,involvedObject.name={self.CONFIGMAP},reason={reason}"
+        items: list[dict[str, Any]] = self.plane.kubectl_json(
+            "get", "events", "-n", self.configmap_namespace, "--field-selector", selector
+        )["items"]
+        return items
+
+    def log(self) -> list[dict[str, Any]]:
+        return log_records(self.process.log_path)
