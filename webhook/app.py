@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,8 @@ class State:
     facts: ClusterFacts = NO_FACTS
     metrics: Metrics = field(default_factory=Metrics)
     ready: bool = False
+    # Whether the certificate served is valid; with certificates from a Secret, false until it is read.
+    certificate_valid: Callable[[], bool] = lambda: True
 
     @property
     def policy(self) -> Policy:
@@ -120,7 +122,7 @@ def create_app(state: State) -> AdmissionApp:
 
     @api.get("/readyz", response_class=PlainTextResponse)
     def readyz() -> Response:
-        if state.ready:
+        if state.ready and state.certificate_valid():
             return PlainTextResponse(f"ok policy={state.policy.hash}")
         return PlainTextResponse("not ready", status_code=503)
 

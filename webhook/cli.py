@@ -4,8 +4,9 @@ gpuguard serve [--port 8443] [--cert-dir certs] [--san NAME] [--policy FILE]
 gpuguard mutate -f FILE|- [--diff | --patch]      prints the mutated manifests
 gpuguard validate -f FILE|-                       prints violations; exit 1 if anything is denied
 gpuguard review [--validate] FILE|-               prints the AdmissionReview answer
-gpuguard policy check FILE | policy default
+gpuguard policy check FILE | policy default | policy status [--url URL --cacert FILE]
 gpuguard certs generate [--dir certs] [--service NAME --namespace NS] [--san NAME]
+gpuguard certs rotate --secret NS/NAME            starts a CA rotation the running replicas complete
 """
 
 from __future__ import annotations
@@ -124,6 +125,37 @@ def cmd_policy_default(_: argparse.Namespace) -> int:
     return 0
 
 
+def _namespaced_name(value: str) -> tuple[str, str]:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {value!r}")
+    return namespace, name
+
+
+def cmd_certs_rotate(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+
+    from webhook import bootstrap, cluster  # the Kubernetes client is only needed with cluster access
+
+    namespace, name = args.secret
+    try:
+        material = bootstrap.begin_rotation(
+            cluster.api_client(args.kubeconfig), namespace=namespace, name=name, schedule=tls.Schedule()
+        )
+    except (tls.InvalidMaterialError, RuntimeError) as exc:
+        print(f"gpuguard: {exc}", file=sys.stderr)
+        return EXIT_DENIED
+    except ApiException as exc:
+        print(f"gpuguard: Secret {namespace}/{name}: {exc.status} {exc.reason}", file=sys.stderr)
+        return EXIT_DENIED
+    print(
+        f"rotation started: {material.newest_ca.subject.rfc4514_string()} is now trusted next to the old CA."
+        " The replicas add it to caBundle now, serve a certificate from it after --rotation-delay, and"
+        " drop the old CA one delay later."
+    )
+    return 0
+
+
 def cmd_certs_generate(args: argparse.Namespace) -> int:
     names = list(args.san)
     if args.service:
@@ -137,7 +169,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from webhook import server  # uvicorn and FastAPI are only needed to serve
 
     logs.configure()
-    if args.tls_cert and args.tls_key:
+    certificates = None
+    if args.tls_secret:
+        from webhook import bootstrap  # the Kubernetes client is only needed with cluster access
+
+        namespace, name = args.tls_secret
+        service = tls.dns_names_for_service(args.service, namespace) if args.service else []
+        cert_dir = Path(args.cert_dir)
+        certificates = bootstrap.Settings(
+            namespace=namespace,
+            secret=name,
+            names=tuple(tls.serving_names([*service, *args.san])),
+            webhook_config=args.webhook_config,
+            cert_dir=cert_dir,
+            schedule=tls.Schedule(rotation_delay=datetime.timedelta(seconds=args.rotation_delay)),
+        )
+        cert_file, key_file = cert_dir / tls.CERT_FILE, cert_dir / tls.KEY_FILE
+    elif args.tls_cert and args.tls_key:
         cert_file, key_file = Path(args.tls_cert), Path(args.tls_key)
     else:
         files = tls.ensure_serving_files(Path(args.cert_dir), args.san)
@@ -148,7 +196,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ
     lookups = args.cluster_lookups == "on" or (
-        args.cluster_lookups == "auto" and bool(in_cluster or args.kubeconfig or args.policy_configmap)
+        args.cluster_lookups == "auto"
+        and bool(in_cluster or args.kubeconfig or args.policy_configmap or args.tls_secret)
     )
     options = server.Options(
         host=args.host,
@@ -159,6 +208,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         policy_configmap=args.policy_configmap,
         cluster=lookups,
         kubeconfig=args.kubeconfig,
+        certificates=certificates,
     )
     server.serve(options)
     return 0
@@ -203,6 +253,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--kubeconfig", help="cluster credentials; in a pod the service account is used")
     serve.add_argument(
+        "--tls-secret",
+        metavar="NAMESPACE/NAME",
+        type=_namespaced_name,
+        help="keep the CA and serving certificate in this Secret, shared by all replicas: created when"
+        " missing, rotated before expiry, reloaded without restart (--cert-dir: where files are written)",
+    )
+    serve.add_argument("--service", help="with --tls-secret: the Service's DNS names go into the certificate")
+    serve.add_argument(
+        "--webhook-config",
+        metavar="NAME",
+        help="with --tls-secret: keep the caBundle of this Mutating- and ValidatingWebhookConfiguration",
+    )
+    serve.add_argument(
+        "--rotation-delay",
+        type=float,
+        default=tls.Schedule().rotation_delay.total_seconds(),
+        metavar="SECONDS",
+        help="with --tls-secret: time between the steps of a CA rotation (default: %(default).0f)",
+    )
+    serve.add_argument(
         "--cluster-lookups",
         choices=("auto", "on", "off"),
         default="auto",
@@ -241,6 +311,10 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_parser("default", help="print the embedded default policy").set_defaults(
         run=cmd_policy_default
     )
+    status = policy.add_parser("status", help="show the running server's active policy")
+    status.add_argument("--url", default="https://localhost:8443", help="the server's base URL")
+    status.add_argument("--cacert", default="certs/ca.crt", help="the CA that signed its certificate")
+    status.set_defaults(run=cmd_policy_status)
 
     certs = commands.add_parser("certs", help="certificates").add_subparsers(
         dest="certs_command", required=True
@@ -253,6 +327,12 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--namespace", default="gpuguard")
     generate.add_argument("--san", action="append", default=[], help="extra DNS name or IP")
     generate.set_defaults(run=cmd_certs_generate)
+    rotate = certs.add_parser(
+        "rotate", help="start a CA rotation of a --tls-secret now; the running replicas complete it"
+    )
+    rotate.add_argument("--secret", required=True, metavar="NAMESPACE/NAME", type=_namespaced_name)
+    rotate.add_argument("--kubeconfig", help="cluster credentials; in a pod the service account is used")
+    rotate.set_defaults(run=cmd_certs_rotate)
     return parser
 
 

@@ -7,12 +7,16 @@ import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from webhook.app import State, create_app
 from webhook.policy import Policy, default_policy, parse_policy
 from webhook.policy_store import FileWatcher, PolicyStore
+
+if TYPE_CHECKING:
+    from webhook import bootstrap
 
 # The API server keeps idle webhook connections for 90 s; closing ours sooner makes it reconnect
 # (a fresh TLS handshake) on the next admission. uvicorn's default is 5 s.
@@ -36,6 +40,10 @@ class Options:
     # Cluster lookups (PriorityClasses, namespaces, nodes, DRA claims): on when True.
     cluster: bool = False
     kubeconfig: str | None = None
+    # Certificates from a Secret, shared by the replicas and rotated (webhook.bootstrap): the listener
+    # starts on a placeholder in the settings' cert_dir (cert_file and key_file are unused) and switches
+    # to the Secret's certificate once it is read.
+    certificates: bootstrap.Settings | None = None
 
 
 def _initial_policy(options: Options) -> tuple[Policy, str]:
@@ -95,19 +103,44 @@ def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, Stat
         _connect_cluster(options, state, stop)
     if options.policy_file is not None:
         FileWatcher(options.policy_file, state.store, stop).thread.start()
+    cert_file, key_file = options.cert_file, options.key_file
+    certificates = _certificate_manager(options, state, stop)
+    if certificates is not None:
+        placeholder = certificates.prepare()
+        cert_file, key_file = placeholder.cert, placeholder.key
     config = uvicorn.Config(
         create_app(state),
         host=options.host,
         port=options.port,
-        ssl_certfile=str(options.cert_file),
-        ssl_keyfile=str(options.key_file),
+        ssl_certfile=str(cert_file),
+        ssl_keyfile=str(key_file),
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         access_log=False,
         log_config=None,
         server_header=False,
     )
+    if certificates is not None:
+        # Made now rather than by uvicorn at startup, so the manager can switch what it presents.
+        config.load()
+        assert config.ssl is not None
+        certificates.serving.attach(config.ssl)
+        certificates.start()
     return uvicorn.Server(config), state
+
+
+def _certificate_manager(
+    options: Options, state: State, stop: threading.Event
+) -> bootstrap.CertificateManager | None:
+    if options.certificates is None:
+        return None
+    from webhook import bootstrap, cluster  # the Kubernetes client is only needed with cluster access
+
+    manager = bootstrap.CertificateManager(
+        cluster.api_client(options.kubeconfig), options.certificates, stop=stop
+    )
+    state.certificate_valid = manager.serving.valid
+    return manager
 
 
 def _exit_cleanly(signum: int, _: object) -> None:

@@ -1,0 +1,654 @@
+"""The production install on the real API server: deploy/ as `kubectl apply -k` sends it, the service
+account's exact rights, and the certificate lifecycle (bootstrap, caBundle, rotation under load).
+
+The tests share one install and run in file order: the caBundle survives a re-apply of deploy/ only while
+the configurations still name the Service, so that test comes before they are routed to the replicas.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import subprocess
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controlplane import ControlPlane, wait_until
+from install_harness import (
+    CONFIGURATION,
+    CONFIGURATION_KINDS,
+    DEPLOY,
+    ENDPOINTS,
+    NAMESPACE,
+    POLICY_CONFIGMAP,
+    SECRET,
+    SERVICE_ACCOUNT,
+    Replica,
+    ca_bundles,
+    find,
+    read_secret,
+    render,
+    route_to,
+    run_gpuguard,
+    secret_exists,
+    service_account_kubeconfig,
+    wait_for,
+)
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from webhook_harness import REPO_ROOT, cpu_pod, default_priority_classes, gpu_pod, gpuguard_annotations
+
+from webhook import cli, tls
+
+SA_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+# Short, so a whole rotation fits in a test; the API server still needs far less than this to pick up a
+# patched caBundle (its informer), and the replicas a changed Secret (their watch).
+ROTATION_DELAY = 3.0
+ROUTED_LABEL = "gpuguard-e2e-install"
+
+
+# --- deploy/ as kustomize renders it ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rendered(control_plane: ControlPlane) -> list[dict[str, Any]]:
+    return render(control_plane)
+
+
+def test_policy_configmap_holds_the_documented_default(rendered: list[dict[str, Any]]) -> None:
+    configmap = find(rendered, "ConfigMap", POLICY_CONFIGMAP)  # no hash suffix: --policy-configmap names it
+
+    default = (REPO_ROOT / "webhook" / "default-policy.yaml").read_text()
+    assert configmap["data"] == {"policy.yaml": default}
+    assert configmap["metadata"]["namespace"] == NAMESPACE
+    # The class the policy injects ships with it, with the value the policy judges templates by.
+    policy = yaml.safe_load(default)
+    injected = policy["rules"]["priority"]["className"]
+    shipped = {o["metadata"]["name"]: o["value"] for o in rendered if o["kind"] == "PriorityClass"}
+    assert shipped[injected] == default_priority_classes()[injected]
+
+
+def _serve_args(container: dict[str, Any]) -> Any:
+    # The arguments as the kubelet expands them, parsed by gpuguard's own command line.
+    args = [arg.replace("$(POD_NAMESPACE)", NAMESPACE) for arg in container["args"]]
+    return cli._parser().parse_args(["serve", *args])
+
+
+def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, Any]]) -> None:
+    deployment = find(rendered, "Deployment", "gpuguard")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    spread = {c["topologyKey"]: c["whenUnsatisfiable"] for c in pod["topologySpreadConstraints"]}
+    assert spread["kubernetes.io/hostname"] == "DoNotSchedule"
+    budget = find(rendered, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert (
+        budget["spec"]["selector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    own_class = find(rendered, "PriorityClass", pod["priorityClassName"])
+    assert own_class["value"] > max(default_priority_classes().values())
+
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    for kind in ("requests", "limits"):
+        assert set(container["resources"][kind]) == {"cpu", "memory"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert pod["serviceAccountName"] == SERVICE_ACCOUNT
+
+    args = _serve_args(container)
+    assert args.tls_secret == (NAMESPACE, SECRET)
+    assert args.webhook_config == CONFIGURATION
+    assert args.policy_configmap == f"{NAMESPACE}/{POLICY_CONFIGMAP}"
+    # The only place gpuguard writes is the in-memory emptyDir holding the serving files.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts[args.cert_dir]]["emptyDir"]["medium"] == "Memory"
+    service = find(rendered, "Service", args.service)
+    assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["name"]
+
+
+def test_webhook_configurations_are_deliberate(rendered: list[dict[str, Any]]) -> None:
+    for kind, path in (
+        ("MutatingWebhookConfiguration", "/mutate"),
+        ("ValidatingWebhookConfiguration", "/validate"),
+    ):
+        (webhook,) = find(rendered, kind, CONFIGURATION)["webhooks"]
+
+        assert webhook["failurePolicy"] == "Ignore"
+        assert 1 <= webhook["timeoutSeconds"] <= 5
+        assert webhook["sideEffects"] == "None"
+        assert webhook["admissionReviewVersions"] == ["v1"]
+        assert {op for rule in webhook["rules"] for op in rule["operations"]} == {"CREATE"}
+        (excluded,) = webhook["namespaceSelector"]["matchExpressions"]
+        assert excluded["key"] == "kubernetes.io/metadata.name"
+        assert excluded["operator"] == "NotIn"
+        assert {"kube-system", "kube-node-lease", NAMESPACE} <= set(excluded["values"])
+        assert webhook["matchConditions"]
+        assert webhook["clientConfig"] == {
+            "service": {"name": "gpuguard", "namespace": NAMESPACE, "path": path, "port": 443}
+        }  # and no caBundle: gpuguard owns it
+    (mutating,) = find(rendered, "MutatingWebhookConfiguration")["webhooks"]
+    assert mutating["reinvocationPolicy"] == "IfNeeded"
+
+
+def test_fail_closed_overlay_changes_only_the_failure_policy(
+    control_plane: ControlPlane, rendered: list[dict[str, Any]]
+) -> None:
+    fail_closed = render(control_plane, DEPLOY / "fail-closed")
+
+    expected = json.loads(json.dumps(rendered))
+    for obj in expected:
+        if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            obj["webhooks"][0]["failurePolicy"] = "Fail"
+    assert fail_closed == expected
+
+
+def test_image_installs_the_pinned_runtime_dependencies_as_non_root() -> None:
+    # Every dependency pyproject.toml declares is pinned, and no dev tool is. (Whether the pins still
+    # match the virtualenv is `python scripts/constraints.py --check`: a fresh venv may be newer.)
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    pins = dict(
+        line.split("==")
+        for line in (REPO_ROOT / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    pinned = {canonicalize_name(name) for name in pins}
+    assert all(version and "=" not in version for version in pins.values()), pins
+    declared = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    assert declared <= pinned, declared - pinned
+    dev = {canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"]["dev"]}
+    assert not dev & pinned, dev & pinned
+
+    stages = (REPO_ROOT / "Dockerfile").read_text().split("\nFROM ")
+    build, run = stages[-2], stages[-1]
+    assert "--constraint constraints.txt" in build and "--only-binary=:all:" in build
+    assert "--without-pip" in build
+    assert "COPY --from=build /opt/gpuguard /opt/gpuguard" in run
+    assert "pip uninstall --yes pip setuptools wheel" in run
+    assert "USER 65532:65532" in run
+    assert run.rstrip().endswith('ENTRYPOINT ["gpuguard", "serve"]')
+
+
+# --- deploy/ on the API server -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane, rendered: list[dict[str, Any]]) -> Iterator[str]:
+    """deploy/ applied for real; yields the output of the server-side dry run that preceded it."""
+    # A dry run creates nothing, not even the namespace the other objects need: create that first.
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(find(rendered, "Namespace")))
+    try:
+        dry_run = control_plane.kubectl("apply", "-k", str(DEPLOY), "--dry-run=server")
+        control_plane.kubectl("apply", "-k", str(DEPLOY))
+        yield dry_run.stdout + dry_run.stderr
+    finally:
+        # The webhook configurations first: they may point at replicas already stopped. PriorityClasses
+        # stay (the rest of the suite uses gpu-workload); the namespace never finishes deleting here.
+        control_plane.kubectl(
+            "delete", ",".join(CONFIGURATION_KINDS), CONFIGURATION, "--ignore-not-found", check=False
+        )
+        control_plane.kubectl(
+            "delete", "clusterrolebinding,clusterrole", "gpuguard", "--ignore-not-found", check=False
+        )
+        control_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def test_dry_run_on_the_api_server_accepts_every_object(
+    installed: str, rendered: list[dict[str, Any]]
+) -> None:
+    lines = installed.strip().splitlines()
+
+    assert len(lines) == len(rendered), installed
+    assert all(line.endswith("(server dry run)") for line in lines), installed
+    # Nothing to warn about either: the Pod Security admission (restricted) would, for the Deployment.
+    assert "Warning" not in installed
+
+
+ALLOWED = [
+    ("list", "priorityclasses.scheduling.k8s.io", None),
+    ("watch", "namespaces", None),
+    ("list", "nodes", None),
+    ("watch", "resourceclaims.resource.k8s.io", "--all-namespaces"),
+    ("list", "resourceclaimtemplates.resource.k8s.io", "--all-namespaces"),
+    ("watch", f"configmaps/{POLICY_CONFIGMAP}", NAMESPACE),
+    ("get", f"secrets/{SECRET}", NAMESPACE),
+    ("update", f"secrets/{SECRET}", NAMESPACE),
+    ("create", "secrets", NAMESPACE),
+    ("create", "events", NAMESPACE),
+    ("get", f"mutatingwebhookconfigurations/{CONFIGURATION}", None),
+    ("patch", f"validatingwebhookconfigurations/{CONFIGURATION}", None),
+]
+DENIED = [
+    ("get", "secrets", "kube-system"),  # no Secret outside its namespace
+    ("get", f"secrets/{SECRET}", "default"),
+    ("list", "secrets", NAMESPACE),  # nor any other Secret inside it
+    ("get", "secrets/other", NAMESPACE),
+    ("delete", f"secrets/{SECRET}", NAMESPACE),
+    ("create", "secrets", "default"),
+    ("create", "pods", "default"),  # never writes workloads: the API server applies its patches
+    ("patch", "pods", "default"),
+    ("update", "jobs.batch", "default"),
+    ("get", "configmaps/other", NAMESPACE),
+    ("update", f"configmaps/{POLICY_CONFIGMAP}", NAMESPACE),
+    ("create", "events", "default"),
+    ("patch", "mutatingwebhookconfigurations/someone-else", None),
+    ("update", f"mutatingwebhookconfigurations/{CONFIGURATION}", None),
+    ("create", "validatingwebhookconfigurations", None),  # never recreates a deleted configuration
+    ("delete", f"validatingwebhookconfigurations/{CONFIGURATION}", None),
+    ("update", "priorityclasses.scheduling.k8s.io", None),
+]
+
+
+def can_i(plane: ControlPlane, verb: str, resource: str, scope: str | None, user: str = SA_USER) -> bool:
+    args = ["auth", "can-i", verb, resource, f"--as={user}"]
+    if scope == "--all-namespaces":
+        args.append(scope)
+    elif scope is not None:
+        args += ["-n", scope]
+    result = plane.kubectl(*args, check=False)
+    assert result.stdout.strip() in ("yes", "no"), result.stderr
+    return result.stdout.strip() == "yes"
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "scope"), ALLOWED, ids=[f"{v} {r} in {s}" for v, r, s in ALLOWED]
+)
+def test_service_account_can_do_what_gpuguard_needs(
+    control_plane: ControlPlane, installed: str, verb: str, resource: str, scope: str | None
+) -> None:
+    assert can_i(control_plane, verb, resource, scope)
+
+
+@pytest.mark.parametrize(("verb", "resource", "scope"), DENIED, ids=[f"{v} {r} in {s}" for v, r, s in DENIED])
+def test_service_account_can_do_nothing_more(
+    control_plane: ControlPlane, installed: str, verb: str, resource: str, scope: str | None
+) -> None:
+    assert not can_i(control_plane, verb, resource, scope)
+
+
+Rule = tuple[str, str, str, str]  # apiGroup, resource, resourceName ("" for any), verb
+
+
+def rules_of(plane: ControlPlane, user: str, namespace: str) -> set[Rule]:
+    """Every (group, resource, name, verb) `user` may use in `namespace`, as the API server lists them."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview",
+        "spec": {"namespace": namespace},
+    }
+    # No client-side validation: it would need to list CRDs, which `user` (rightly) may not.
+    answer = plane.kubectl_json(
+        "create", f"--as={user}", "--validate=false", "-f", "-", input=json.dumps(review)
+    )
+    return {
+        (group, resource, name, verb)
+        for rule in answer["status"]["resourceRules"]
+        for group, resource, verb in itertools.product(rule["apiGroups"], rule["resources"], rule["verbs"])
+        for name in rule.get("resourceNames") or [""]
+    }
+
+
+def test_service_account_rules_are_exactly_gpuguards(control_plane: ControlPlane, installed: str) -> None:
+    # Everything any authenticated user gets (self reviews and the like) is measured on an identity with
+    # no bindings of its own, and set aside.
+    baseline = f"system:serviceaccount:{NAMESPACE}:nobody"
+    cluster_wide = {
+        *{("scheduling.k8s.io", "priorityclasses", "", v) for v in ("get", "list", "watch")},
+        *{("", r, "", v) for r in ("namespaces", "nodes") for v in ("get", "list", "watch")},
+        *{
+            ("resource.k8s.io", r, "", v)
+            for r in ("resourceclaims", "resourceclaimtemplates")
+            for v in ("get", "list", "watch")
+        },
+        *{
+            ("admissionregistration.k8s.io", r, CONFIGURATION, v)
+            for r in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+            for v in ("get", "patch")
+        },
+    }
+    in_namespace = {
+        *{("", "configmaps", POLICY_CONFIGMAP, v) for v in ("get", "list", "watch")},
+        *{("", "secrets", SECRET, v) for v in ("get", "list", "watch", "update")},
+        ("", "secrets", "", "create"),
+        ("", "events", "", "create"),
+    }
+
+    for namespace, expected in ((NAMESPACE, cluster_wide | in_namespace), ("default", cluster_wide)):
+        granted = rules_of(control_plane, SA_USER, namespace) - rules_of(control_plane, baseline, namespace)
+        assert granted == expected, namespace
+
+
+# --- the certificate lifecycle ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    control_plane: ControlPlane, installed: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Replica, Replica]]:
+    """Two replicas, started together so that both find no Secret and race to create it."""
+    work = tmp_path_factory.mktemp("install")
+    kubeconfig = service_account_kubeconfig(control_plane, work / "sa.kubeconfig")
+    pair = tuple(Replica(work / name, kubeconfig, rotation_delay=ROTATION_DELAY) for name in ("a", "b"))
+    assert not secret_exists(control_plane)
+    try:
+        for replica in pair:
+            replica.start()
+        for replica in pair:
+            replica.wait_ready()
+        yield pair[0], pair[1]
+    finally:
+        for replica in pair:
+            replica.stop()
+
+
+def test_replicas_bootstrap_one_shared_certificate(
+    control_plane: ControlPlane, replicas: tuple[Replica, Replica]
+) -> None:
+    material = read_secret(control_plane)
+
+    assert material.phase == "steady"
+    assert len(material.cas) == 1
+    for replica in replicas:
+        assert replica.served_certificate() == material.leaf, replica.log()
+    logs = "".join(replica.log_path.read_text() for replica in replicas)
+    assert logs.count("certificates: create") == 1
+    assert tls.covers(material.leaf, tls.dns_names_for_service("gpuguard", NAMESPACE))
+    assert ca_bundles(control_plane) == {kind: material.cas for kind in CONFIGURATION_KINDS}
+    # With the ServiceAccount's rights alone, every cluster lookup works.
+    for replica in replicas:
+        status, body = replica.get("/policy")
+        assert status == 200 and json.loads(body)["unavailableLookups"] == []
+
+
+def test_reapplying_deploy_keeps_the_ca_bundle(
+    control_plane: ControlPlane, replicas: tuple[Replica, Replica]
+) -> None:
+    before = ca_bundles(control_plane)
+
+    control_plane.kubectl("apply", "-k", str(DEPLOY))
+
+    assert ca_bundles(control_plane) == before
+    assert all(before.values())
+
+
+@pytest.fixture(scope="module")
+def routed(control_plane: ControlPlane, replicas: tuple[Replica, Replica]) -> Iterator[str]:
+    """The webhook configurations sent to the replicas (mutating: a, validating: b) with failurePolicy Fail,
+    for a namespace of their own; yields that namespace once the API server calls both replicas."""
+    mutating, validating = replicas
+    namespace = f"install-{secrets.token_hex(3)}"
+    control_plane.kubectl("create", "namespace", namespace)
+    control_plane.kubectl("label", "namespace", namespace, f"{ROUTED_LABEL}=true")
+    urls = {
+        "mutatingwebhookconfiguration": mutating.url(ENDPOINTS["mutatingwebhookconfiguration"]),
+        "validatingwebhookconfiguration": validating.url(ENDPOINTS["validatingwebhookconfiguration"]),
+    }
+    route_to(control_plane, urls, failure_policy="Fail", namespace_label=ROUTED_LABEL)
+    before = (mutating.admissions("mutate"), validating.admissions("validate"))
+
+    def called() -> bool:
+        result = submit_dry_run(control_plane, gpu_pod("probe", namespace))
+        after = (mutating.admissions("mutate"), validating.admissions("validate"))
+        return result.returncode == 0 and all(a > b for a, b in zip(after, before, strict=True))
+
+    # The API server's informer picks up the new URLs within moments.
+    wait_for(called, what="the API server calling both replicas", replicas=replicas)
+    try:
+        yield namespace
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def submit_dry_run(plane: ControlPlane, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return plane.kubectl(
+        "apply", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(obj), check=False
+    )
+
+
+def _owned_by(pod: dict[str, Any], kind: str, api_version: str) -> dict[str, Any]:
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": api_version, "kind": kind, "name": "owner", "uid": "0b1d", "controller": True}
+    ]
+    return pod
+
+
+def _cpu_deployment(name: str, namespace: str) -> dict[str, Any]:
+    template = cpu_pod(name, namespace)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": template["spec"]},
+        },
+    }
+
+
+def _pinned_pod(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    pod = cpu_pod(name, namespace)
+    pod["spec"].update(spec)
+    return pod
+
+
+# (object, called by /mutate, called by /validate): the matchConditions at work in the API server.
+CALLS: dict[str, tuple[Any, bool, bool]] = {
+    "gpu-pod": (lambda ns: gpu_pod("gpu", ns), True, True),
+    "cpu-pod": (lambda ns: cpu_pod("cpu", ns), False, False),
+    "cpu-pod-any-linux-node": (
+        lambda ns: _pinned_pod("os", ns, nodeSelector={"kubernetes.io/os": "linux"}),
+        False,
+        False,
+    ),
+    "cpu-pod-on-gpu-nodes": (
+        lambda ns: _pinned_pod("pinned", ns, nodeSelector={"nvidia.com/gpu.present": "true"}),
+        False,
+        True,
+    ),
+    "cpu-pod-tolerating-gpu-taint": (
+        lambda ns: _pinned_pod("tol", ns, tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+        False,
+        True,
+    ),
+    "gpu-pod-of-a-daemonset": (lambda ns: _owned_by(gpu_pod("ds", ns), "DaemonSet", "apps/v1"), False, False),
+    "gpu-pod-of-a-job": (lambda ns: _owned_by(gpu_pod("job", ns), "Job", "batch/v1"), False, True),
+    "cpu-deployment": (lambda ns: _cpu_deployment("cpu", ns), False, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_api_server_calls_gpuguard_only_for_what_its_rules_act_on(
+    control_plane: ControlPlane, replicas: tuple[Replica, Replica], routed: str, case: str
+) -> None:
+    make, mutate_called, validate_called = CALLS[case]
+    mutating, validating = replicas
+    before = (mutating.admissions("mutate"), validating.admissions("validate"))
+
+    result = submit_dry_run(control_plane, make(routed))
+
+    after = (mutating.admissions("mutate"), validating.admissions("validate"))
+    assert (after[0] > before[0], after[1] > before[1]) == (mutate_called, validate_called), result.stderr
+    if case == "gpu-pod":
+        assert result.returncode == 0, result.stderr
+        assert gpuguard_annotations(json.loads(result.stdout))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    at: float
+    ok: bool
+    detail: str
+
+
+class Stream:
+    """GPU pods sent with `kubectl apply --dry-run=server`, one after another, until stopped (or a count
+    or time bound is hit); each outcome is ok when the pod came back admitted and mutated by gpuguard."""
+
+    def __init__(
+        self, plane: ControlPlane, namespace: str, *, max_count: int = 1500, max_seconds: float = 120
+    ) -> None:
+        self.plane = plane
+        self.namespace = namespace
+        self.max_count = max_count
+        self.max_seconds = max_seconds
+        self.outcomes: list[Outcome] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        for index in range(self.max_count):
+            if self.stop.is_set() or time.monotonic() - started > self.max_seconds:
+                return
+            result = submit_dry_run(self.plane, gpu_pod(f"stream-{index}", self.namespace))
+            mutated = result.returncode == 0 and bool(gpuguard_annotations(json.loads(result.stdout)))
+            self.outcomes.append(Outcome(time.monotonic(), mutated, result.stderr.strip()))
+
+    def __enter__(self) -> Stream:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+    def count_after(self, moment: float) -> int:
+        return sum(1 for outcome in list(self.outcomes) if outcome.at > moment)
+
+
+def test_forced_rotation_under_a_steady_stream_loses_no_request(
+    control_plane: ControlPlane, replicas: tuple[Replica, Replica], routed: str, summary: Any
+) -> None:
+    old = read_secret(control_plane)
+    pids = [replica.pid for replica in replicas]
+    calls_before = replicas[0].admissions("mutate")
+    moments: dict[str, float] = {}
+
+    def reached(name: str, condition: bool) -> bool:
+        if condition:
+            moments.setdefault(name, time.monotonic())
+        return condition
+
+    with Stream(control_plane, routed) as stream:
+        wait_until(lambda: stream.count_after(0) >= 5, timeout=30, what="the stream under way")
+        moments["start"] = time.monotonic()
+        rotate = run_gpuguard(
+            "certs", "rotate", f"--secret={NAMESPACE}/{SECRET}", f"--kubeconfig={control_plane.kubeconfig}"
+        )
+        assert rotate.returncode == 0, rotate.stderr
+        new_ca = read_secret(control_plane).newest_ca
+        assert new_ca != old.newest_ca
+
+        # 1. both CAs trusted; 2. every replica serves a certificate from the new CA; 3. only it is trusted.
+        wait_for(
+            lambda: reached(
+                "trusting", all(b == [old.newest_ca, new_ca] for b in ca_bundles(control_plane).values())
+            ),
+            replicas=replicas,
+            what="caBundle with the old and the new CA",
+        )
+        wait_for(
+            lambda: reached("serving", all(tls.signed_by(r.served_certificate(), new_ca) for r in replicas)),
+            replicas=replicas,
+            what="every replica serving a certificate from the new CA",
+        )
+        wait_for(
+            lambda: reached("finished", all(b == [new_ca] for b in ca_bundles(control_plane).values())),
+            replicas=replicas,
+            what="caBundle with the new CA alone",
+        )
+        # Keep going a while on the new CA alone: the API server's connections are all new by now.
+        finished = moments["finished"]
+        wait_until(lambda: stream.count_after(finished) >= 20, timeout=60, what="requests after the rotation")
+
+    outcomes = stream.outcomes
+    failures = [o.detail for o in outcomes if not o.ok]
+    assert not failures, f"{len(failures)} of {len(outcomes)} requests failed, first: {failures[0]}"
+    # The stream was there at every step of the rotation, not just before and after it.
+    bounds = [moments[name] for name in ("start", "trusting", "serving", "finished")] + [float("inf")]
+    per_step = [sum(1 for o in outcomes if low < o.at <= high) for low, high in itertools.pairwise(bounds)]
+    assert all(count >= 2 for count in per_step[1:]), per_step
+    assert [replica.pid for replica in replicas] == pids, "a replica restarted"
+    assert replicas[0].admissions("mutate") - calls_before >= len(outcomes)
+    final = read_secret(control_plane)
+    assert final.phase == "steady" and final.cas == [new_ca]
+    summary(
+        "rotation",
+        f"CA rotation under load: {len(outcomes)} kubectl apply, 0 failed; "
+        f"per step {per_step}, steps {ROTATION_DELAY:.0f} s apart",
+    )
+
+
+def test_a_deleted_secret_is_recreated_and_trusted_again(
+    control_plane: ControlPlane, replicas: tuple[Replica, Replica], routed: str
+) -> None:
+    old = read_secret(control_plane)
+
+    control_plane.kubectl("delete", "secret", SECRET, "-n", NAMESPACE)
+
+    def recreated() -> bool:
+        if not secret_exists(control_plane):
+            return False
+        material = read_secret(control_plane)
+        return (
+            material.newest_ca != old.newest_ca
+            and all(bundle == material.cas for bundle in ca_bundles(control_plane).values())
+            and all(replica.served_certificate() == material.leaf for replica in replicas)
+        )
+
+    wait_for(recreated, what="a new Secret, trusted and served", replicas=replicas)
+    # failurePolicy Fail: the first calls may still meet the old bundle in the API server; then all pass.
+    wait_until(
+        lambda: submit_dry_run(control_plane, gpu_pod("after", routed)).returncode == 0,
+        timeout=30,
+        what="the API server calling gpuguard again",
+    )
+
+
+def test_readyz_waits_for_a_valid_certificate(
+    control_plane: ControlPlane, installed: str, tmp_path: Path
+) -> None:
+    # A Secret the ServiceAccount may not read: the replica never gets a certificate.
+    kubeconfig = service_account_kubeconfig(control_plane, tmp_path / "sa.kubeconfig")
+    replica = Replica(tmp_path / "forbidden", kubeconfig, secret="gpuguard-forbidden", webhook_config=None)
+    replica.start()
+    try:
+        wait_until(lambda: replica.get("/healthz")[0] == 200, timeout=30, what="replica /healthz")
+        wait_until(
+            lambda: "certificate reconcile failed" in replica.log_path.read_text(),
+            timeout=30,
+            what="a failed attempt to read the Secret",
+        )
+
+        assert replica.get("/readyz") == (503, b"not ready")
+        assert replica.served_certificate().issuer.rfc4514_string() == "CN=gpuguard-placeholder"
+    finally:
+        replica.stop()
+
+
+def test_rotation_command_explains_what_it_cannot_do(control_plane: ControlPlane, installed: str) -> None:
+    missing = run_gpuguard(
+        "certs", "rotate", f"--secret={NAMESPACE}/no-such-secret", f"--kubeconfig={control_plane.kubeconfig}"
+    )
+
+    assert missing.returncode == 1
+    assert "not found; gpuguard creates it on start" in missing.stderr
