@@ -1,15 +1,16 @@
 # Sourced by the other scripts: creates .venv with gpuguard and its dev tools, again only when
-# pyproject.toml changed. Needs Python 3.11+ as python3 (or $PYTHON).
+# pyproject.toml or constraints.txt changed. Runtime dependencies are installed at the versions pinned
+# in constraints.txt, the ones the Dockerfile ships. Needs Python 3.11+ as python3 (or $PYTHON).
 venv_dir=${GPUGUARD_VENV:-.venv}
 python=${PYTHON:-python3}
 stamp="$venv_dir/.gpuguard-installed"
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -x "$venv_dir/bin/python" ]; then
   "$python" -m venv "$venv_dir"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+  "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
   echo "$want" > "$stamp"
 fi
 export PATH="$PWD/$venv_dir/bin:$PATH"
