@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import orjson
 
 from webhook import engine, patch
-from webhook.facts import ClusterFacts
+from webhook.facts import LOOKUPS, ClusterFacts
 from webhook.policy import Policy
 from webhook.workload import as_dict
 
@@ -26,6 +26,65 @@ MAX_WARNING_CHARS = 119  # kubectl prints each warning on one line; the API serv
 INTERNAL_ERROR_WARNING = "gpuguard: internal error, admitted unchanged (see the webhook log)"
 
 log = logging.getLogger("gpuguard.review")
+
+
+# The parts of an object the rules read or write, as a tree: a mapping selects those keys of a mapping, a
+# one-item tuple applies its tree to every item of a list, None keeps the value whole. /mutate runs the
+# engine on the object cut down to this tree, and diffs that: managedFields, env, volumes and the like
+# (most of a real pod) are then never copied or walked, so a request costs what the rules read, not what
+# the API server sends. A rule that reads or writes a field outside the tree would silently see it absent:
+# tests/unit/test_hot_path.py records every access the rules make and fails on one outside it.
+FieldTree: TypeAlias = dict[str, "FieldTree | tuple[FieldTree] | None"]
+_CONTAINER: FieldTree = {"name": None, "resources": None, "lifecycle": None, "restartPolicy": None}
+_POD_SPEC: FieldTree = {
+    "containers": (_CONTAINER,),
+    "initContainers": (_CONTAINER,),
+    "resourceClaims": None,
+    "restartPolicy": None,
+    "tolerations": None,
+    "terminationGracePeriodSeconds": None,
+    "priorityClassName": None,
+    "priority": None,
+    "preemptionPolicy": None,
+    "nodeSelector": None,
+    "nodeName": None,
+    "affinity": None,
+}
+_JOB_SPEC: FieldTree = {
+    "podFailurePolicy": None,
+    "backoffLimitPerIndex": None,
+    "podReplacementPolicy": None,
+    "template": {"spec": _POD_SPEC},
+}
+# One tree for every kind (workload.POD_SPEC_PATHS): a key a kind does not have is simply not there.
+RULE_FIELDS: FieldTree = {
+    "apiVersion": None,
+    "kind": None,
+    "metadata": {
+        "name": None,
+        "generateName": None,
+        "namespace": None,
+        "annotations": None,
+        "ownerReferences": None,
+    },
+    "spec": _POD_SPEC | _JOB_SPEC | {"jobTemplate": {"spec": _JOB_SPEC}},
+}
+
+
+def narrow(value: Any, fields: FieldTree | tuple[FieldTree] | None = RULE_FIELDS) -> Any:
+    """`value` cut down to `fields`, sharing what is kept whole; anything malformed is kept as it is."""
+    if fields is None:
+        return value
+    if type(fields) is tuple:
+        if type(value) is not list:
+            return value
+        return [narrow(item, fields[0]) for item in value]
+    if type(value) is not dict:
+        return value
+    assert isinstance(fields, dict)
+    kept = {key: narrow(item, fields[key]) for key, item in value.items() if key in fields}
+    # Never empty what was not: `x or {}` and `if not x` must read the cut mapping as they read the whole.
+    return kept if kept or not value else value
 
 
 class BadReview(ValueError):
@@ -60,6 +119,14 @@ def warnings_for(decisions: Iterable[engine.Decision]) -> list[str]:
         elif decision.mode == "warn" and decision.outcome == "would-deny":
             warnings.append(_short(f"gpuguard (warn) would deny: {decision.message}"))
     return list(dict.fromkeys(warnings))
+
+
+def fallback_warning(unavailable: Sequence[str]) -> str:
+    """Says decisions fell back to the policy alone; the list of lookups is what gets shortened."""
+    lookups = "all" if len(unavailable) == len(LOOKUPS) else ", ".join(unavailable)
+    head, tail = "gpuguard: cluster lookups unavailable (", "); decided from the policy alone"
+    room = MAX_WARNING_CHARS - len(head) - len(tail)
+    return head + (lookups if len(lookups) <= room else lookups[: room - 1] + "…") + tail
 
 
 def audit_annotations_for(decisions: Iterable[engine.Decision]) -> dict[str, str]:
@@ -159,15 +226,13 @@ def _answer(
     }
     obj = request.get("object")
     if endpoint == "mutate":
-        result = engine.mutate(obj, policy, **context)
+        result = engine.mutate(narrow(obj), policy, **context)
     else:
+        # Validation copies nothing and walks only what it reads: the whole object costs it nothing more.
         result = engine.validate(obj, policy, old=request.get("oldObject"), **context)
     warnings = warnings_for(result.decisions)
     if facts is not None and facts.unavailable and result.skipped is None:
-        lookups = ", ".join(facts.unavailable)
-        warnings.append(
-            _short(f"gpuguard: cluster lookups unavailable ({lookups}); decided from the policy alone")
-        )
+        warnings.append(fallback_warning(facts.unavailable))
     fields: dict[str, Any] = {
         "warnings": warnings,
         "auditAnnotations": audit_annotations_for(result.decisions),

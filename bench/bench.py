@@ -1,0 +1,900 @@
+"""gpuguard's performance bench: `gpuguard serve` against a bare uvicorn HTTPS echo, same run, same machine.
+
+Both servers run pinned to core 1 and the load generators (wrk for closed-loop saturation and latency, hey
+for a fixed request rate: it is a Go net/http client like the API server) to core 0, over loopback and
+TLS with keep-alive. Every measurement is bounded in time. The method follows the appendix of
+shared/design/performance.md; the figures and floors are explained in bench/README.md.
+
+    bench/run [--duration 10] [--short 4] [--out bench/results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import http.client
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from bench import payloads
+
+T = TypeVar("T")
+
+SERVER_CORE = "1"
+LOAD_CORE = "0"
+GPU_POD = "10 KB GPU pod"
+BIG_POD = "1 MB GPU pod"
+STORM_CONNECTIONS = 200
+RATE = 1_000
+RATE_WORKERS = 10  # hey: -q is per worker, so 10 workers at 100 req/s each
+SATURATION_CONNECTIONS = 16
+GROWTH_SIZES = (1, 10, 100, 1024)  # KiB
+OVERRIDES = 1_000
+
+# The floors of issue 6 / performance.md section 6.2, for one worker.
+FLOOR_RATIO = 0.5
+FLOOR_C1_P99_MS = 1.0
+FLOOR_RATE_P99_MS = 5.0
+FLOOR_IDLE_RSS_MB = 64.0
+FLOOR_STARTUP_S = 1.0
+# The API server keeps idle webhook connections 90 s (Go's IdleConnTimeout): ours must outlast that.
+API_SERVER_IDLE_S = 90.0
+# A floor measurement during which other processes took more than this share of a core is taken again
+# once the machine is quiet (at most twice more); the least disturbed attempt is kept and its share shown.
+NOISE_LIMIT = 0.15
+POLICY_TOLERANCE = 1.15  # c=1 p50 with 1,000 overrides over p50 without: noise, not growth
+
+WRK_SCRIPT = """\
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = assert(io.open("{body}", "rb"))
+wrk.body = f:read("*a")
+f:close()
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRK_RESULT {{"requests":%.0f,"duration_us":%.0f,"p50_us":%.1f,"p99_us":%.1f,"max_us":%.1f,' ..
+    '"connect":%.0f,"read":%.0f,"write":%.0f,"status":%.0f,"timeout":%.0f}}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), latency.max,
+    e.connect, e.read, e.write, e.status, e.timeout))
+end
+"""
+
+
+# --- load generators -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    """One bounded load run: throughput, latency percentiles and every kind of error the client saw."""
+
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    rss_peak_mb: float = 0.0
+    server_cpu_s: float = 0.0  # CPU the server process used during the run
+
+    @property
+    def cpu_us(self) -> float:
+        """Server CPU per request: unlike req/s, not lowered by other processes sharing the core."""
+        return self.server_cpu_s / self.requests * 1e6 if self.requests else 0.0
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def _pinned(core: str, argv: Sequence[str]) -> list[str]:
+    return ["taskset", "-c", core, *argv]
+
+
+def wrk(url: str, script: Path, *, connections: int, seconds: int, timeout_s: int = 5) -> Load:
+    argv = _pinned(
+        LOAD_CORE,
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            f"--timeout={timeout_s}s",
+            "-s",
+            str(script),
+            url,
+        ],
+    )
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    match = re.search(r"^WRK_RESULT (\{.*\})$", out, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
+    r = json.loads(match.group(1))
+    errors = int(r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"])
+    return Load(int(r["requests"]), r["duration_us"] / 1e6, r["p50_us"] / 1e3, r["p99_us"] / 1e3, errors)
+
+
+def hey(url: str, body: Path, *, rate: int, workers: int, seconds: int) -> Load:
+    argv = _pinned(
+        LOAD_CORE,
+        [
+            "hey", "-z", f"{seconds}s", "-c", str(workers), "-q", str(rate // workers), "-cpus", "1",
+            "-m", "POST", "-T", "application/json", "-D", str(body), url,
+        ],
+    )  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+
+    def number(pattern: str) -> float:
+        match = re.search(pattern, out)
+        if match is None:
+            raise RuntimeError(f"hey output lacks {pattern!r}:\n{out}")
+        return float(match.group(1))
+
+    answers, _, failures = out.partition("Error distribution:")
+    ok = sum(int(n) for n in re.findall(r"\[200\]\s+(\d+) responses", answers))
+    statuses = sum(int(n) for n in re.findall(r"\[\d+\]\s+(\d+) responses", answers))
+    failed = sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]", failures, re.MULTILINE))
+    return Load(
+        requests=ok,
+        seconds=number(r"Total:\s+([\d.]+) secs"),
+        p50_ms=number(r"50% in ([\d.]+) secs") * 1e3,
+        p99_ms=number(r"99% in ([\d.]+) secs") * 1e3,
+        errors=failed + statuses - ok,
+    )
+
+
+# --- servers ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class Server:
+    """A server process pinned to SERVER_CORE; `start` returns the seconds from spawn to the first 200."""
+
+    def __init__(self, name: str, argv: list[str], *, port: int, ca: Path, log: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.port = port
+        self.ca = ca
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.port}{path}"
+
+    def context(self) -> ssl.SSLContext:
+        # Verified against the CA the server was started with: the caBundle path, which wrk and hey skip.
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def start(self, timeout_s: float = 30.0) -> float:
+        with self.log.open("ab") as log:
+            started = time.perf_counter()
+            self.proc = subprocess.Popen(_pinned(SERVER_CORE, self.argv), stdout=log, stderr=log)
+        deadline = started + timeout_s
+        context: ssl.SSLContext | None = None
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log}")
+            # The CA file may appear only once the server has generated it.
+            context = context or (self.context() if self.ca.exists() else None)
+            if context is not None and self._ready(context):
+                return time.perf_counter() - started
+            time.sleep(0.002)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s} s; see {self.log}")
+
+    def _ready(self, context: ssl.SSLContext) -> bool:
+        connection = http.client.HTTPSConnection("127.0.0.1", self.port, context=context, timeout=1)
+        try:
+            connection.request("GET", "/readyz")
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            connection.close()
+
+    def post(self, path: str, body: bytes) -> Any:
+        connection = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context(), timeout=30)
+        try:
+            connection.request("POST", path, body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"{self.name} answered {response.status}")
+            return orjson.loads(response.read())
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextmanager
+def peak_rss(pid: int, out: list[float]) -> Iterator[None]:
+    """Samples the process's resident set every 50 ms while the block runs; appends the peak to `out`."""
+    stop = threading.Event()
+    peak = [rss_mb(pid)]
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            try:
+                peak[0] = max(peak[0], rss_mb(pid))
+            except (OSError, RuntimeError):
+                return
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        out.append(peak[0])
+
+
+class IdleConnection:
+    """One keep-alive connection left idle, as the API server leaves its pooled ones, then asked again.
+
+    The second request goes out from a thread after `idle_s`, whatever the bench is doing by then: it
+    must arrive after the API server's 90 s but before our own keep-alive ends, to show the one outlasts
+    the other.
+    """
+
+    def __init__(self, server: Server, idle_s: float) -> None:
+        self.connection = http.client.HTTPSConnection(
+            "127.0.0.1", server.port, context=server.context(), timeout=10
+        )
+        self.connection.request("GET", "/healthz")
+        self.connection.getresponse().read()
+        assert self.connection.sock is not None
+        self.local = self.connection.sock.getsockname()
+        self.since = time.monotonic()
+        self.outcome: tuple[bool, float] = (False, 0.0)
+        self.thread = threading.Thread(target=self._ask_again, args=(idle_s,), daemon=True)
+        self.thread.start()
+
+    def _ask_again(self, idle_s: float) -> None:
+        time.sleep(max(0.0, idle_s - (time.monotonic() - self.since)))
+        idle = time.monotonic() - self.since
+        try:
+            self.connection.request("GET", "/healthz")
+            ok = self.connection.getresponse().status == 200
+            # http.client reconnects silently: the same local port proves the same TCP connection.
+            same = self.connection.sock is not None and self.connection.sock.getsockname() == self.local
+            self.outcome = (ok and same, idle)
+        except (OSError, http.client.HTTPException):
+            self.outcome = (False, idle)
+        finally:
+            self.connection.close()
+
+    def survived(self) -> tuple[bool, float]:
+        """(reused, seconds idle); waits for the second request when the run was shorter than `idle_s`."""
+        self.thread.join()
+        return self.outcome
+
+
+def _busy_seconds() -> tuple[float, float]:
+    """(CPU seconds all processes used, seconds the hypervisor stole) since boot, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def _own_seconds() -> float:
+    """CPU seconds of the bench, its servers and load generators (children count once waited for)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
+@contextmanager
+def other_load(servers: list[Server], out: list[float]) -> Iterator[None]:
+    """Appends the share of a core that processes other than the bench's used while the block ran."""
+
+    def ours() -> float:
+        return _own_seconds() + sum(server.cpu_seconds() for server in servers if server.running)
+
+    busy, own, started = _busy_seconds()[0], ours(), time.monotonic()
+    yield
+    other = (_busy_seconds()[0] - busy) - (ours() - own)
+    out.append(max(0.0, other) / (time.monotonic() - started))
+
+
+def wait_for_quiet(
+    limit_s: float, say: Callable[[str], None], window_s: float = 5.0, share: float = 0.1
+) -> None:
+    """Waits (at most `limit_s`) for `window_s` during which other processes use under `share` of a core:
+    the servers are pinned, but nothing keeps the machine's other work off their core."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        busy, _ = _busy_seconds()
+        own = _own_seconds()
+        time.sleep(window_s)
+        other = (_busy_seconds()[0] - busy) - (_own_seconds() - own)
+        if other < share * window_s:
+            return
+        if time.monotonic() >= deadline:
+            say(f"the machine is busy ({other / window_s:.0%} of a core elsewhere); measuring anyway")
+            return
+        say(f"waiting for a quiet machine ({other / window_s:.0%} of a core used elsewhere)")
+
+
+def quietly(
+    servers: list[Server], say: Callable[[str], None], what: str, measure: Callable[[], T]
+) -> tuple[T, float]:
+    """`measure()` and the share of a core other processes took meanwhile, the least disturbed of up to 3."""
+    best: tuple[T, float] | None = None
+    for attempt in range(3):
+        noise: list[float] = []
+        with other_load(servers, noise):
+            result = measure()
+        if best is None or noise[0] < best[1]:
+            best = (result, noise[0])
+        if noise[0] <= NOISE_LIMIT or attempt == 2:
+            break
+        say(f"{what}: other processes took {noise[0]:.0%} of a core; again once the machine is quiet")
+        wait_for_quiet(120, say)
+    assert best is not None
+    return best
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    label: str
+    size: int
+    echo_rps: float = 0.0
+    guard_rps: float = 0.0
+    echo_cpu_us: float = 0.0
+    guard_cpu_us: float = 0.0
+    echo_c1: Load | None = None
+    guard_c1: Load | None = None
+    rate: Load | None = None
+    storm: Load | None = None
+    patched: bool = False
+
+    @property
+    def ratio(self) -> float:
+        return self.guard_rps / self.echo_rps if self.echo_rps else 0.0
+
+    @property
+    def cpu_ratio(self) -> float:
+        """The same ratio from CPU per request: what it would be on an otherwise idle core."""
+        return self.echo_cpu_us / self.guard_cpu_us if self.guard_cpu_us else 0.0
+
+
+@dataclass
+class Results:
+    rows: dict[str, Row] = field(default_factory=dict)
+    startup_s: list[float] = field(default_factory=list)
+    echo_startup_s: float = 0.0
+    idle_rss_mb: float = 0.0
+    echo_idle_rss_mb: float = 0.0
+    load_rss_mb: float = 0.0
+    echo_load_rss_mb: float = 0.0
+    ratio_runs: list[float] = field(default_factory=list)
+    growth: list[tuple[int, Load, Load]] = field(default_factory=list)
+    policy_default: Load | None = None
+    policy_overrides: Load | None = None
+    policy_startup_s: float = 0.0
+    keep_alive: tuple[bool, float] = (False, 0.0)
+    echo_rate: Load | None = None
+    # Share of a core other processes used during the floor measurements, by floor.
+    noise: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    other_cpu_s: float = 0.0
+    steal_s: float = 0.0
+
+
+def overrides_policy(count: int) -> str:
+    """A policy with `count` namespace overrides; the benched namespace is the last one, set to what it
+    gets anyway (enforce), so answers are identical and only the lookup's cost could differ."""
+    lines = ["namespaces:", "  - names: [kube-system, kube-node-lease]", '    mode: "off"']
+    for i in range(count - 1):
+        lines += [f"  - names: [team-{i:04d}]", "    rules: {priority: warn, podFailurePolicy: audit}"]
+    lines += [f"  - names: [{payloads.NAMESPACE}]", "    mode: enforce"]
+    return "\n".join(lines) + "\n"
+
+
+def _check_answer(server: Server, label: str, body: bytes, review: dict[str, Any]) -> bool:
+    """One request through the verified TLS path: a well-formed AdmissionReview echoing the uid."""
+    answer = server.post("/mutate", body)
+    response = answer.get("response") or {}
+    if answer.get("kind") != "AdmissionReview" or response.get("uid") != review["request"]["uid"]:
+        raise RuntimeError(f"{label}: malformed answer {answer!r}"[:500])
+    return bool(response.get("patch"))
+
+
+def _median_load(runs: list[Load]) -> Load:
+    return sorted(runs, key=lambda load: load.p50_ms)[len(runs) // 2]
+
+
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
+    began = time.perf_counter()
+    busy_before, steal_before = _busy_seconds()
+    own_before = _own_seconds()
+    results = Results()
+    work = Path(tempfile.mkdtemp(prefix="gpuguard-bench-"))
+    certs = work / "certs"
+    gpuguard = str(Path(sys.executable).with_name("gpuguard"))
+
+    bodies: dict[str, Path] = {}
+    scripts: dict[str, Path] = {}
+
+    def prepare(key: str, review: dict[str, Any]) -> bytes:
+        body = payloads.encoded(review)
+        bodies[key] = work / f"{len(bodies):02d}.json"
+        bodies[key].write_bytes(body)
+        scripts[key] = bodies[key].with_suffix(".lua")
+        scripts[key].write_text(WRK_SCRIPT.format(body=bodies[key]))
+        return body
+
+    reviews = {label: build() for label, build in payloads.PAYLOADS.items()}
+    encoded = {label: prepare(label, review) for label, review in reviews.items()}
+    for kib in GROWTH_SIZES:
+        prepare(f"growth {kib}", payloads.sized_gpu_pod(kib * payloads.KIB))
+    policy_file = work / "policy-1000-namespaces.yaml"
+    policy_file.write_text(overrides_policy(OVERRIDES))
+
+    def guard(name: str, *extra: str) -> Server:
+        port = _free_port()
+        argv = [gpuguard, "serve", "--host", "127.0.0.1", "--port", str(port), "--cert-dir", str(certs)]
+        argv += ["--cluster-lookups", "off", *extra]  # the hot path alone, even when run inside a cluster
+        return Server(name, argv, port=port, ca=certs / "ca.crt", log=work / f"{name}.log")
+
+    servers: list[Server] = []
+    try:
+        say("first start (generates the certificates; not timed)")
+        first = guard("gpuguard-first")
+        servers.append(first)
+        first.start()
+        first.stop()
+        for attempt in range(3):
+            server = guard("gpuguard")
+            servers.append(server)
+            results.startup_s.append(server.start())
+            if attempt < 2:
+                server.stop()
+        main = servers[-1]
+        time.sleep(0.5)
+        results.idle_rss_mb = rss_mb(main.pid)
+        idle = IdleConnection(main, API_SERVER_IDLE_S + 1)
+        say(
+            f"gpuguard ready in {statistics.median(results.startup_s):.3f} s, idle RSS {results.idle_rss_mb:.1f} MB"
+        )
+
+        echo_port = _free_port()
+        echo = Server(
+            "echo",
+            [sys.executable, "-m", "bench.echo", "--port", str(echo_port), "--cert-dir", str(certs)],
+            port=echo_port,
+            ca=certs / "ca.crt",
+            log=work / "echo.log",
+        )
+        servers.append(echo)
+        results.echo_startup_s = echo.start()
+        time.sleep(0.5)
+        results.echo_idle_rss_mb = rss_mb(echo.pid)
+
+        for label, review in reviews.items():
+            results.rows[label] = Row(
+                label, len(encoded[label]), patched=_check_answer(main, label, encoded[label], review)
+            )
+        for kib in GROWTH_SIZES:
+            _check_answer(
+                main,
+                f"growth {kib}",
+                bodies[f"growth {kib}"].read_bytes(),
+                payloads.sized_gpu_pod(kib * 1024),
+            )
+
+        long, short, warm = args.duration, args.short, args.warmup
+
+        def saturate(server: Server, key: str, seconds: int) -> Load:
+            wrk(server.url("/mutate"), scripts[key], connections=SATURATION_CONNECTIONS, seconds=warm)
+            cpu = server.cpu_seconds()
+            load = wrk(
+                server.url("/mutate"), scripts[key], connections=SATURATION_CONNECTIONS, seconds=seconds
+            )
+            return replace(load, server_cpu_s=server.cpu_seconds() - cpu)
+
+        def latency(server: Server, key: str, seconds: int) -> Load:
+            wrk(server.url("/mutate"), scripts[key], connections=1, seconds=warm)
+            return wrk(server.url("/mutate"), scripts[key], connections=1, seconds=seconds)
+
+        # F1 decides on a ratio, so echo and gpuguard alternate: drift of the machine hits both alike.
+        say(f"saturation, {GPU_POD}: echo and gpuguard interleaved, 3 x {long} s each")
+        rss: list[float] = []
+        echo_runs, guard_runs = [], []
+        noise: list[float] = []
+
+        def saturation_pair() -> tuple[Load, Load]:
+            echo_load = saturate(echo, GPU_POD, long)
+            with peak_rss(main.pid, rss):
+                return echo_load, saturate(main, GPU_POD, long)
+
+        for _ in range(3):
+            (echo_load, guard_load), share = quietly(servers, say, "saturation", saturation_pair)
+            echo_runs.append(echo_load)
+            guard_runs.append(guard_load)
+            noise.append(share)
+            results.ratio_runs.append(guard_load.rps / echo_load.rps)
+        results.noise["saturation"] = max(noise)
+        gpu = results.rows[GPU_POD]
+        gpu.echo_rps = statistics.median(load.rps for load in echo_runs)
+        gpu.guard_rps = statistics.median(load.rps for load in guard_runs)
+        gpu.echo_cpu_us = statistics.median(load.cpu_us for load in echo_runs)
+        gpu.guard_cpu_us = statistics.median(load.cpu_us for load in guard_runs)
+
+        def latency_pair() -> tuple[Load, Load]:
+            half = max(1, long // 2)
+            return latency(echo, GPU_POD, half), latency(main, GPU_POD, half)
+
+        def at_rate(server: Server, label: str, seconds: int) -> Load:
+            with peak_rss(server.pid, rss if server is main else []):
+                return hey(
+                    server.url("/mutate"), bodies[label], rate=RATE, workers=RATE_WORKERS, seconds=seconds
+                )
+
+        def rate_pair() -> tuple[Load, Load]:
+            return at_rate(main, GPU_POD, long), at_rate(echo, GPU_POD, long)
+
+        for label, row in results.rows.items():
+            if label != GPU_POD:
+                say(f"saturation, {label}: {short} s each")
+                echo_load = saturate(echo, label, short)
+                with peak_rss(main.pid, rss):
+                    guard_load = saturate(main, label, short)
+                row.echo_rps, row.echo_cpu_us = echo_load.rps, echo_load.cpu_us
+                row.guard_rps, row.guard_cpu_us = guard_load.rps, guard_load.cpu_us
+            seconds = long if label == GPU_POD else short
+            if label == GPU_POD:
+                # Tails are what other processes on the core spoil first: three interleaved pairs, and
+                # the median pair by gpuguard's p99, so one noisy stretch does not decide the floor.
+                say(f"concurrency 1, {label}: echo and gpuguard interleaved, 3 x {max(1, long // 2)} s each")
+                measured = [quietly(servers, say, "concurrency 1", latency_pair) for _ in range(3)]
+                row.echo_c1, row.guard_c1 = sorted(
+                    (pair for pair, _ in measured), key=lambda pair: pair[1].p99_ms
+                )[1]
+                results.noise["c1"] = max(share for _, share in measured)
+            else:
+                say(f"concurrency 1, {label}: {seconds} s each")
+                row.echo_c1 = latency(echo, label, seconds)
+                row.guard_c1 = latency(main, label, seconds)
+            if label == BIG_POD:
+                continue  # 1,000 req/s of 1 MB is 1 GB/s: no API server sends that, the server cannot take it
+            say(f"{RATE} req/s, {label}: {seconds} s" + (", then the echo" if label == GPU_POD else ""))
+            if label == GPU_POD:
+                (row.rate, results.echo_rate), results.noise["rate"] = quietly(
+                    servers, say, f"{RATE} req/s", rate_pair
+                )
+            else:
+                row.rate = at_rate(main, label, seconds)
+            say(f"{STORM_CONNECTIONS} connections, {label}: {seconds} s")
+            storm_rss: list[float] = []
+            with peak_rss(main.pid, storm_rss):
+                row.storm = wrk(
+                    main.url("/mutate"), scripts[label], connections=STORM_CONNECTIONS, seconds=seconds
+                )
+            row.storm = replace(row.storm, rss_peak_mb=storm_rss[0])
+            rss += storm_rss
+        results.load_rss_mb = max(rss)
+        echo_rss: list[float] = []
+        with peak_rss(echo.pid, echo_rss):
+            wrk(echo.url("/mutate"), scripts[GPU_POD], connections=STORM_CONNECTIONS, seconds=short)
+        results.echo_load_rss_mb = echo_rss[0]
+
+        say(f"growth with object size, concurrency 1: {short} s per size")
+        for kib in GROWTH_SIZES:
+            key = f"growth {kib}"
+            results.growth.append(
+                (bodies[key].stat().st_size, latency(echo, key, short), latency(main, key, short))
+            )
+
+        say(f"policy with {OVERRIDES} namespace overrides, concurrency 1, {GPU_POD}: 2 x {short} s each")
+        overrides = guard("gpuguard-overrides", "--policy", str(policy_file))
+        servers.append(overrides)
+        results.policy_startup_s = overrides.start()
+        if (
+            _check_answer(overrides, GPU_POD, encoded[GPU_POD], reviews[GPU_POD])
+            != results.rows[GPU_POD].patched
+        ):
+            raise RuntimeError("the overrides policy changed the answer; the comparison would be meaningless")
+        default_runs, override_runs = [], []
+        for _ in range(2):
+            default_runs.append(latency(main, GPU_POD, short))
+            override_runs.append(latency(overrides, GPU_POD, short))
+        results.policy_default = _median_load(default_runs)
+        results.policy_overrides = _median_load(override_runs)
+
+        results.keep_alive = idle.survived()
+    finally:
+        for server in servers:
+            server.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            say(f"kept {work}")
+    results.seconds = time.perf_counter() - began
+    busy_after, steal_after = _busy_seconds()
+    results.other_cpu_s = max(0.0, busy_after - busy_before - (_own_seconds() - own_before))
+    results.steal_s = steal_after - steal_before
+    return results
+
+
+# --- the report ------------------------------------------------------------------------------------------
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024 / 1024:.2f} MB" if n >= 1024 * 1024 * 0.9 else f"{n / 1024:.1f} KB"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _lat(load: Load | None) -> str:
+    return "—" if load is None else f"{_ms(load.p50_ms)} / {_ms(load.p99_ms)}"
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def _version(argv: Sequence[str]) -> str:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except OSError:
+        return "?"
+    text = (result.stdout + result.stderr).strip().splitlines()
+    return text[0] if text else "?"
+
+
+def growth_figures(growth: list[tuple[int, Load, Load]]) -> tuple[float, float, float]:
+    """(latency ratio 1 MB / 1 KB, size ratio, growth exponent) from the gpuguard c=1 p50s."""
+    (small_size, _, small), (big_size, _, big) = growth[0], growth[-1]
+    latency_ratio = big.p50_ms / small.p50_ms
+    size_ratio = big_size / small_size
+    return latency_ratio, size_ratio, math.log(latency_ratio) / math.log(size_ratio)
+
+
+def _noise(results: Results, key: str) -> str:
+    share = results.noise.get(key)
+    return "" if share is None else f"; other processes {share:.0%} of a core meanwhile"
+
+
+def _lat_p99(load: Load | None) -> str:
+    return "—" if load is None else f"{_ms(load.p99_ms)} ms"
+
+
+def floors(results: Results) -> list[tuple[str, str, bool]]:
+    row = results.rows[GPU_POD]
+    assert row.guard_c1 is not None and row.echo_c1 is not None and row.rate is not None
+    storms = {label: r.storm for label, r in results.rows.items() if r.storm is not None}
+    errors = sum(load.errors for load in storms.values())
+    startup = statistics.median(results.startup_s)
+    checks = [
+        (
+            f"Saturated `/mutate` ≥ {FLOOR_RATIO}x the echo ({GPU_POD})",
+            f"{row.ratio:.2f}x ({row.guard_rps:,.0f} vs {row.echo_rps:,.0f} req/s; runs "
+            + ", ".join(f"{r:.2f}" for r in results.ratio_runs)
+            + f"; from CPU per request {row.cpu_ratio:.2f}x){_noise(results, 'saturation')}",
+            row.ratio >= FLOOR_RATIO,
+        ),
+        (
+            f"p99 ≤ {FLOOR_C1_P99_MS:g} ms at concurrency 1 ({GPU_POD})",
+            f"{_ms(row.guard_c1.p99_ms)} ms (echo {_ms(row.echo_c1.p99_ms)} ms){_noise(results, 'c1')}",
+            row.guard_c1.p99_ms <= FLOOR_C1_P99_MS,
+        ),
+        (
+            f"p99 ≤ {FLOOR_RATE_P99_MS:g} ms at {RATE:,} req/s ({GPU_POD})",
+            f"{_ms(row.rate.p99_ms)} ms at {row.rate.rps:,.0f} req/s (echo {_lat_p99(results.echo_rate)})"
+            f"{_noise(results, 'rate')}",
+            row.rate.p99_ms <= FLOOR_RATE_P99_MS and row.rate.errors == 0,
+        ),
+        (
+            f"{STORM_CONNECTIONS} concurrent connections, no errors",
+            f"{errors} errors over {sum(load.requests for load in storms.values()):,} requests ({len(storms)} payloads)",
+            errors == 0,
+        ),
+        (
+            f"Idle RSS ≤ {FLOOR_IDLE_RSS_MB:g} MB",
+            f"{results.idle_rss_mb:.1f} MB",
+            results.idle_rss_mb <= FLOOR_IDLE_RSS_MB,
+        ),
+        (
+            f"First ready answer ≤ {FLOOR_STARTUP_S:g} s after start",
+            f"{startup:.3f} s (median of {len(results.startup_s)}; max {max(results.startup_s):.3f} s)",
+            startup <= FLOOR_STARTUP_S,
+        ),
+    ]
+    latency_ratio, size_ratio, exponent = growth_figures(results.growth)
+    checks.append(
+        (
+            "Latency grows no faster than the object (1 KB → 1 MB, c=1 p50)",
+            f"{latency_ratio:.0f}x slower for a {size_ratio:.0f}x larger object (exponent {exponent:.2f})",
+            latency_ratio <= size_ratio,
+        )
+    )
+    survived, idle_s = results.keep_alive
+    checks.append(
+        (
+            f"An idle connection outlasts the API server's {API_SERVER_IDLE_S:.0f} s",
+            f"{'reused' if survived else 'closed'} after {idle_s:.0f} s idle",
+            survived,
+        )
+    )
+    assert results.policy_default is not None and results.policy_overrides is not None
+    policy_ratio = results.policy_overrides.p50_ms / results.policy_default.p50_ms
+    checks.append(
+        (
+            f"{OVERRIDES:,} namespace overrides cost nothing (c=1 p50 within {POLICY_TOLERANCE}x)",
+            f"{policy_ratio:.2f}x ({_ms(results.policy_overrides.p50_ms)} vs {_ms(results.policy_default.p50_ms)} ms)",
+            policy_ratio <= POLICY_TOLERANCE,
+        )
+    )
+    return checks
+
+
+def report(results: Results, command: str) -> str:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    py = platform.python_version()
+    lines = [
+        f"Run {now} on {platform.node() or 'localhost'}: {_cpu_model()}, {os.cpu_count()} cores, "
+        f"{platform.system()} {platform.release()}; Python {py}, {_version(['wrk', '--version'])}, "
+        f"hey (Debian {_version(['dpkg-query', '-W', '-f=${Version}', 'hey'])}). "
+        f"Servers pinned to core {SERVER_CORE}, load generators to core {LOAD_CORE}; HTTPS (TLS 1.3, ECDSA P-256), "
+        f"keep-alive, loopback; one worker each. Took {results.seconds:.0f} s; other processes used "
+        f"{results.other_cpu_s:.1f} CPU s ({results.other_cpu_s / results.seconds * 100:.0f}% of a core) and the "
+        f"hypervisor stole {results.steal_s:.1f} s meanwhile.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| Payload | Size | Echo req/s | gpuguard req/s | Ratio | CPU µs/req, echo / gpuguard (ratio) "
+        "| c=1 p50 / p99 ms, echo | c=1 p50 / p99 ms, gpuguard "
+        f"| p50 / p99 ms at {RATE:,} req/s | c={STORM_CONNECTIONS}: errors, p99 ms | Patched |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in results.rows.values():
+        storm = "—" if row.storm is None else f"{row.storm.errors}, {_ms(row.storm.p99_ms)}"
+        lines.append(
+            f"| {row.label} | {_size(row.size)} | {row.echo_rps:,.0f} | {row.guard_rps:,.0f} | {row.ratio:.2f}x "
+            f"| {row.echo_cpu_us:,.0f} / {row.guard_cpu_us:,.0f} ({row.cpu_ratio:.2f}x) "
+            f"| {_lat(row.echo_c1)} | {_lat(row.guard_c1)} | {_lat(row.rate)} | {storm} | {'yes' if row.patched else 'no'} |"
+        )
+    startup = statistics.median(results.startup_s)
+    gpu_storm = results.rows[GPU_POD].storm
+    storm_rss = gpu_storm.rss_peak_mb if gpu_storm is not None else 0.0
+    lines += [
+        "",
+        f"| Process | First ready answer | RSS idle | RSS at c={STORM_CONNECTIONS}, {GPU_POD} "
+        "| RSS peak, whole run (1 MB pods at c=16 included) |",
+        "|---|---:|---:|---:|---:|",
+        f"| gpuguard | {startup:.3f} s | {results.idle_rss_mb:.1f} MB | {storm_rss:.1f} MB "
+        f"| {results.load_rss_mb:.1f} MB |",
+        f"| gpuguard, {OVERRIDES:,}-namespace policy | {results.policy_startup_s:.3f} s | | | |",
+        f"| echo | {results.echo_startup_s:.3f} s | {results.echo_idle_rss_mb:.1f} MB "
+        f"| {results.echo_load_rss_mb:.1f} MB | |",
+        "",
+        "Growth with object size (GPU pod grown with env vars, concurrency 1):",
+        "",
+        "| Size | Echo p50 / p99 ms | gpuguard p50 / p99 ms | gpuguard - echo, p50 | Marginal cost per KB |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    previous: tuple[int, float] | None = None
+    for size, echo_load, guard_load in results.growth:
+        own = guard_load.p50_ms - echo_load.p50_ms
+        marginal = "—"
+        if previous is not None:
+            marginal = f"{(own - previous[1]) * 1000 / ((size - previous[0]) / 1024):.1f} µs"
+        previous = (size, own)
+        lines.append(
+            f"| {_size(size)} | {_lat(echo_load)} | {_lat(guard_load)} | {_ms(own)} ms | {marginal} |"
+        )
+    assert results.policy_default is not None and results.policy_overrides is not None
+    lines += [
+        "",
+        f"Policy size ({GPU_POD}, concurrency 1, p50 / p99 ms): embedded default {_lat(results.policy_default)}; "
+        f"{OVERRIDES:,} namespace overrides {_lat(results.policy_overrides)}.",
+        "",
+        "Floors (one worker, this run):",
+        "",
+        "| Floor | Measured | |",
+        "|---|---|---|",
+    ]
+    for name, measured, met in floors(results):
+        lines.append(f"| {name} | {measured} | {'met' if met else '**missed**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _preflight() -> None:
+    missing = [tool for tool in ("wrk", "hey", "taskset") if shutil.which(tool) is None]
+    if missing:
+        sys.exit(f"bench: {', '.join(missing)} not found; run bench/run, which installs them")
+    if (os.cpu_count() or 1) < 2:
+        sys.exit("bench: needs 2 cores (server on core 1, load generator on core 0)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds per floor measurement (default 10)")
+    parser.add_argument("--short", type=int, default=4, help="seconds per other measurement (default 4)")
+    parser.add_argument("--warmup", type=int, default=1, help="seconds of warm-up before each measurement")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.md"))
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (payloads, logs)")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=120,
+        help="seconds to wait at most for other load to stop (default 120)",
+    )
+    args = parser.parse_args(argv)
+    _preflight()
+    say: Callable[[str], None] = lambda text: print(f"bench: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    wait_for_quiet(args.wait_quiet, say)
+    results = run(args, say)
+    command = "bench/run" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    text = report(results, command)
+    args.out.write_text(text)
+    print(text)
+    return 0 if all(met for _, _, met in floors(results)) else 1

@@ -1,0 +1,63 @@
+"""The physical baseline: a bare ASGI app under uvicorn, same TLS certificate and settings as gpuguard.
+
+It reads the whole request body, as gpuguard must, and answers a fixed ~100 B AdmissionReview, so what it
+costs is the kernel, TLS, HTTP parsing and ASGI dispatch: the floor under any Python webhook on this
+machine. gpuguard's throughput is stated as a ratio to it, measured in the same run, so the figure does not
+depend on how fast the machine is.
+
+    python -m bench.echo --port 9443 --cert-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import uvicorn
+from starlette.types import Message, Receive, Scope, Send
+
+from webhook.server import KEEP_ALIVE_SECONDS
+
+ANSWER = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true}}'
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
+START: Message = {"type": "http.response.start", "status": 200, "headers": HEADERS}
+BODY: Message = {"type": "http.response.body", "body": ANSWER}
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            break
+    await send(START)
+    await send(BODY)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--cert-dir", type=Path, required=True)
+    args = parser.parse_args()
+    # The settings gpuguard's server.py uses (uvloop and httptools are uvicorn's "auto" choice when
+    # installed), so that the two differ only in the application.
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        ssl_certfile=str(args.cert_dir / "tls.crt"),
+        ssl_keyfile=str(args.cert_dir / "tls.key"),
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        access_log=False,
+        server_header=False,
+        lifespan="off",
+        log_level="warning",
+    )
+
+
+if __name__ == "__main__":
+    main()
