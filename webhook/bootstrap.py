@@ -29,7 +29,7 @@ from cryptography import x509
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from webhook import cluster, tls
+from webhook import certfiles, cluster, tls
 
 log = logging.getLogger("gpuguard.certificates")
 
@@ -245,7 +245,7 @@ class ServingCertificate:
         self._context: ssl.SSLContext | None = None
         self._leaf: x509.Certificate | None = None
 
-    def placeholder(self, names: tuple[str, ...]) -> tls.ServingFiles:
+    def placeholder(self, names: tuple[str, ...]) -> certfiles.ServingFiles:
         """A throwaway self-issued certificate for the listener to start with: /healthz answers while
         the real one is fetched, and /readyz says not ready until then."""
         ca = tls.new_ca("gpuguard-placeholder")
@@ -304,7 +304,7 @@ class CertificateManager:
         self._bundle_trusted: tuple[bytes, datetime.datetime] | None = None
         self.thread = threading.Thread(target=self._run, name="certificates", daemon=True)
 
-    def prepare(self) -> tls.ServingFiles:
+    def prepare(self) -> certfiles.ServingFiles:
         return self.serving.placeholder(self.settings.names)
 
     def start(self) -> None:

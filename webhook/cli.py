@@ -26,7 +26,7 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from webhook import engine, logs, patch, review, tls
+from webhook import certfiles, engine, logs, patch, review
 from webhook.policy import Policy, PolicyError, default_policy, default_policy_text, parse_policy
 
 EXIT_DENIED = 1
@@ -135,7 +135,8 @@ def _namespaced_name(value: str) -> tuple[str, str]:
 def cmd_certs_rotate(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
 
-    from webhook import bootstrap, cluster  # the Kubernetes client is only needed with cluster access
+    # The Kubernetes client and cryptography are only needed here, not to serve existing certificates.
+    from webhook import bootstrap, cluster, tls
 
     namespace, name = args.secret
     try:
@@ -157,12 +158,24 @@ def cmd_certs_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_certs_generate(args: argparse.Namespace) -> int:
+    from webhook import tls
+
     names = list(args.san)
     if args.service:
-        names = tls.dns_names_for_service(args.service, args.namespace) + names
+        names = certfiles.dns_names_for_service(args.service, args.namespace) + names
     files = tls.generate_serving_files(Path(args.dir), names)
     print(f"wrote {files.ca}, {files.cert} and {files.key}")
     return 0
+
+
+def _serving_files(cert_dir: Path, sans: Sequence[str]) -> certfiles.ServingFiles:
+    """The certificate files in `cert_dir`, generated first when missing."""
+    existing = certfiles.existing_serving_files(cert_dir)
+    if existing is not None:
+        return existing
+    from webhook import tls  # cryptography costs every replica about 10 MB: imported only to generate
+
+    return tls.generate_serving_files(cert_dir, sans)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -171,24 +184,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure()
     certificates = None
     if args.tls_secret:
-        from webhook import bootstrap  # the Kubernetes client is only needed with cluster access
+        from webhook import bootstrap, tls  # the Kubernetes client is only needed with cluster access
 
         namespace, name = args.tls_secret
-        service = tls.dns_names_for_service(args.service, namespace) if args.service else []
+        service = certfiles.dns_names_for_service(args.service, namespace) if args.service else []
         cert_dir = Path(args.cert_dir)
         certificates = bootstrap.Settings(
             namespace=namespace,
             secret=name,
-            names=tuple(tls.serving_names([*service, *args.san])),
+            names=tuple(certfiles.serving_names([*service, *args.san])),
             webhook_config=args.webhook_config,
             cert_dir=cert_dir,
             schedule=tls.Schedule(rotation_delay=datetime.timedelta(seconds=args.rotation_delay)),
         )
-        cert_file, key_file = cert_dir / tls.CERT_FILE, cert_dir / tls.KEY_FILE
+        cert_file, key_file = cert_dir / certfiles.CERT_FILE, cert_dir / certfiles.KEY_FILE
     elif args.tls_cert and args.tls_key:
         cert_file, key_file = Path(args.tls_cert), Path(args.tls_key)
     else:
-        files = tls.ensure_serving_files(Path(args.cert_dir), args.san)
+        files = _serving_files(Path(args.cert_dir), args.san)
         cert_file, key_file = files.cert, files.key
         action = "generated" if files.created else "using"
         print(
@@ -268,7 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--rotation-delay",
         type=float,
-        default=tls.Schedule().rotation_delay.total_seconds(),
+        default=certfiles.DEFAULT_ROTATION_DELAY.total_seconds(),
         metavar="SECONDS",
         help="with --tls-secret: time between the steps of a CA rotation (default: %(default).0f)",
     )

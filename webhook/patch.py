@@ -15,6 +15,8 @@ Operation = dict[str, Any]
 
 def escape(token: str) -> str:
     """RFC 6901: `~` first, then `/`; `nvidia.com/gpu` becomes `nvidia.com~1gpu`."""
+    if "~" not in token and "/" not in token:
+        return token  # most keys: no copy
     return token.replace("~", "~0").replace("/", "~1")
 
 
@@ -32,13 +34,16 @@ def diff(original: Any, mutated: Any) -> list[Operation]:
 def _diff(original: Any, mutated: Any, path: str, out: list[Operation]) -> None:
     if isinstance(original, dict) and isinstance(mutated, dict):
         for key in sorted(original.keys() | mutated.keys()):
-            child = f"{path}/{escape(key)}"
             if key not in mutated:
-                out.append({"op": "remove", "path": child})
+                out.append({"op": "remove", "path": f"{path}/{escape(key)}"})
             elif key not in original:
-                out.append({"op": "add", "path": child, "value": mutated[key]})
+                out.append({"op": "add", "path": f"{path}/{escape(key)}", "value": mutated[key]})
             else:
-                _diff(original[key], mutated[key], child, out)
+                before, after = original[key], mutated[key]
+                # Equal scalars are most of a document: skip them without a call or a path string.
+                if type(before) is type(after) and type(before) not in (dict, list) and before == after:
+                    continue
+                _diff(before, after, f"{path}/{escape(key)}", out)
     elif isinstance(original, list) and isinstance(mutated, list):
         common = min(len(original), len(mutated))
         for index in range(common):

@@ -29,11 +29,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-CA_FILE = "ca.crt"
-CERT_FILE = "tls.crt"
-KEY_FILE = "tls.key"
-CA_KEY_FILE = "ca.key"
-DEFAULT_SANS = ("localhost", "127.0.0.1")
+from webhook.certfiles import (
+    CA_FILE,
+    CA_KEY_FILE,
+    CERT_FILE,
+    DEFAULT_ROTATION_DELAY,
+    KEY_FILE,
+    ServingFiles,
+    serving_names,
+)
+
 # `gpuguard certs generate` and `serve --cert-dir`: files an operator manages, renewed by hand.
 CA_VALIDITY = datetime.timedelta(days=365 * 5)
 LEAF_VALIDITY = datetime.timedelta(days=365)
@@ -52,14 +57,6 @@ class KeyPair:
     @property
     def certificate(self) -> x509.Certificate:
         return x509.load_pem_x509_certificate(self.cert_pem)
-
-
-@dataclass(frozen=True)
-class ServingFiles:
-    ca: Path
-    cert: Path
-    key: Path
-    created: bool
 
 
 def _now() -> datetime.datetime:
@@ -203,16 +200,11 @@ def _write(path: Path, data: bytes, *, private: bool = False) -> None:
 def write_serving_files(cert_dir: Path, ca_pem: bytes, serving: KeyPair) -> ServingFiles:
     """Writes the CA bundle (one or more PEM certificates), the serving certificate and its key."""
     cert_dir.mkdir(parents=True, exist_ok=True)
-    files = ServingFiles(cert_dir / CA_FILE, cert_dir / CERT_FILE, cert_dir / KEY_FILE, created=True)
+    files = ServingFiles.in_dir(cert_dir, created=True)
     _write(files.ca, ca_pem)
     _write(files.key, serving.key_pem, private=True)
     _write(files.cert, serving.cert_pem)
     return files
-
-
-def serving_names(names: Sequence[str]) -> list[str]:
-    """`names` first (the first becomes the CN), then localhost and 127.0.0.1 for local checks."""
-    return list(dict.fromkeys([*names, *DEFAULT_SANS]))
 
 
 def generate_serving_files(cert_dir: Path, sans: Sequence[str] = ()) -> ServingFiles:
@@ -223,23 +215,6 @@ def generate_serving_files(cert_dir: Path, sans: Sequence[str] = ()) -> ServingF
     files = write_serving_files(cert_dir, ca.cert_pem, serving)
     _write(cert_dir / CA_KEY_FILE, ca.key_pem, private=True)
     return files
-
-
-def ensure_serving_files(cert_dir: Path, sans: Sequence[str] = ()) -> ServingFiles:
-    """Reuses the files in `cert_dir` when they exist, otherwise generates them."""
-    existing = ServingFiles(cert_dir / CA_FILE, cert_dir / CERT_FILE, cert_dir / KEY_FILE, created=False)
-    if existing.cert.is_file() and existing.key.is_file():
-        return existing
-    return generate_serving_files(cert_dir, sans)
-
-
-def dns_names_for_service(service: str, namespace: str) -> list[str]:
-    return [
-        service,
-        f"{service}.{namespace}",
-        f"{service}.{namespace}.svc",
-        f"{service}.{namespace}.svc.cluster.local",
-    ]
 
 
 # --- the in-cluster lifecycle: pure decisions over what the Secret holds --------------------------------
@@ -305,7 +280,7 @@ class Schedule:
     every API server to see a patched caBundle, and every replica a changed Secret (both watch-driven,
     normally within a second)."""
 
-    rotation_delay: datetime.timedelta = datetime.timedelta(minutes=5)
+    rotation_delay: datetime.timedelta = DEFAULT_ROTATION_DELAY
     ca_validity: datetime.timedelta = datetime.timedelta(days=365)
     leaf_validity: datetime.timedelta = datetime.timedelta(days=90)
     # A certificate is replaced once less than this share of its lifetime is left: months ahead, so a

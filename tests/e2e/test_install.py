@@ -46,7 +46,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from webhook_harness import REPO_ROOT, cpu_pod, default_priority_classes, gpu_pod, gpuguard_annotations
 
-from webhook import cli, tls
+from webhook import certfiles, cli, tls
 
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 # Short, so a whole rotation fits in a test; the API server still needs far less than this to pick up a
@@ -371,7 +371,7 @@ def test_replicas_bootstrap_one_shared_certificate(
         assert replica.served_certificate() == material.leaf, replica.log()
     logs = "".join(replica.log_path.read_text() for replica in replicas)
     assert logs.count("certificates: create") == 1
-    assert tls.covers(material.leaf, tls.dns_names_for_service("gpuguard", NAMESPACE))
+    assert tls.covers(material.leaf, certfiles.dns_names_for_service("gpuguard", NAMESPACE))
     assert ca_bundles(control_plane) == {kind: material.cas for kind in CONFIGURATION_KINDS}
     # With the ServiceAccount's rights alone, every cluster lookup works.
     for replica in replicas:

@@ -17,7 +17,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from webhook import bootstrap, cli, tls
+from webhook import bootstrap, certfiles, cli, tls
 
 T0 = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 SCHEDULE = tls.Schedule(
@@ -25,7 +25,7 @@ SCHEDULE = tls.Schedule(
     ca_validity=datetime.timedelta(days=365),
     leaf_validity=datetime.timedelta(days=90),
 )
-SERVICE_NAMES = tuple(tls.serving_names(tls.dns_names_for_service("gpuguard", "gpuguard")))
+SERVICE_NAMES = tuple(certfiles.serving_names(certfiles.dns_names_for_service("gpuguard", "gpuguard")))
 SECOND = datetime.timedelta(seconds=1)
 
 
@@ -63,7 +63,7 @@ def test_certs_generate_names_the_service_and_ips(tmp_path: Path) -> None:
     )
 
     assert code == 0
-    cert = x509.load_pem_x509_certificate((tmp_path / tls.CERT_FILE).read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / certfiles.CERT_FILE).read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert sans.get_values_for_type(x509.DNSName) == [
         "gpuguard",
@@ -79,10 +79,10 @@ def test_certs_generate_names_the_service_and_ips(tmp_path: Path) -> None:
         ipaddress.ip_address("127.0.0.1"),
     ]
     assert common_name(cert) == "gpuguard"
-    ca = x509.load_pem_x509_certificate((tmp_path / tls.CA_FILE).read_bytes())
+    ca = x509.load_pem_x509_certificate((tmp_path / certfiles.CA_FILE).read_bytes())
     assert tls.signed_by(cert, ca)
-    assert (tmp_path / tls.CA_KEY_FILE).stat().st_mode & 0o077 == 0
-    assert (tmp_path / tls.KEY_FILE).stat().st_mode & 0o077 == 0
+    assert (tmp_path / certfiles.CA_KEY_FILE).stat().st_mode & 0o077 == 0
+    assert (tmp_path / certfiles.KEY_FILE).stat().st_mode & 0o077 == 0
 
 
 def test_certificates_start_backdated_and_report_their_issuing_time() -> None:
@@ -348,5 +348,5 @@ def test_a_new_certificate_is_served_from_the_next_handshake_on(
         # The connection made before the switch keeps working with the certificate it started with.
         assert echo(before, b"in flight") == b"in flight"
         assert served(before) == first.leaf
-    assert (serving.cert_dir / tls.CERT_FILE).read_bytes() == second.cert
-    assert (serving.cert_dir / tls.CA_FILE).read_bytes() == second.ca_bundle
+    assert (serving.cert_dir / certfiles.CERT_FILE).read_bytes() == second.cert
+    assert (serving.cert_dir / certfiles.CA_FILE).read_bytes() == second.ca_bundle
