@@ -208,3 +208,48 @@ def test_sigterm_stops_the_server_with_exit_code_0(tmp_path: Path) -> None:
         assert returncode == 0, f"exit status {returncode}:\n{server.log_tail()}"
     finally:
         server.stop()
+
+
+def _read_until(stream: ssl.SSLSocket, marker: bytes, *, limit: int = 1 << 20) -> bytes:
+    received = b""
+    while marker not in received:
+        chunk = stream.recv(65536)
+        if not chunk or len(received) > limit:
+            raise AssertionError(f"connection ended before {marker!r}; got {received[:500]!r}")
+        received += chunk
+    return received
+
+
+def test_sigterm_finishes_the_request_in_flight(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        body = admission_review(defaulted_gpu_pod(), uid="in-flight")
+        context = ssl.create_default_context(cafile=str(server.cert_dir / "ca.crt"))
+        port = int(server.base_url.rsplit(":", 1)[1])
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10.0) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as stream,
+        ):
+            # Expect: 100-continue makes uvicorn say when the app starts reading the body: from then on
+            # the request is in flight, provably, before the signal arrives.
+            stream.sendall(
+                b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Expect: 100-continue\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+            )
+            assert _read_until(stream, b"\r\n\r\n").startswith(b"HTTP/1.1 100 Continue")
+            server.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_SECONDS
+            while "Shutting down" not in server.log_tail():  # the server's own word that shutdown began
+                assert time.monotonic() < deadline, f"no shutdown began:\n{server.log_tail()}"
+                with pytest.raises(subprocess.TimeoutExpired):  # paces the polling; exiting now fails
+                    server.process.wait(timeout=0.02)
+            stream.sendall(body)
+            head, _, rest = _read_until(stream, b"\r\n\r\n").partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+            while len(rest) < length:
+                rest += stream.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert well_formed(rest)["response"]["uid"] == "in-flight"
+        assert server.process.wait(timeout=STOP_SECONDS) == 0, server.log_tail()
+    finally:
+        server.stop()
