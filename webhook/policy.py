@@ -314,13 +314,37 @@ def _overlay(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _merge_namespaces(default: list[Any], given: list[Any]) -> list[Any]:
+    """The given overrides first; the default ones stay for every namespace the given ones do not name.
+
+    Replacing the list whole, as for other lists, would silently drop the infrastructure exemptions
+    (kube-system, the GPU operator's namespaces) from a policy that only meant to add a team.
+    """
+    named = {
+        name
+        for entry in given
+        if isinstance(entry, dict) and isinstance(entry.get("names"), list)
+        for name in entry["names"]
+        if isinstance(name, str)
+    }
+    kept = []
+    for entry in default:
+        names = [name for name in entry.get("names", []) if name not in named]
+        if names or "selector" in entry:
+            kept.append({**entry, "names": names} if "names" in entry else entry)
+    return [*given, *kept]
+
+
 def parse_policy(text: str) -> Policy:
     """Parses and validates policy YAML over the embedded default; raises PolicyError naming the field.
 
     The embedded default-policy.yaml is the one place defaults are written: a field the text leaves
     out takes its value from there.
     """
-    data = _overlay(_load_mapping(default_policy_text()), _load_mapping(text))
+    default, given = _load_mapping(default_policy_text()), _load_mapping(text)
+    data = _overlay(default, given)
+    if isinstance(given.get("namespaces"), list):
+        data["namespaces"] = _merge_namespaces(default["namespaces"], given["namespaces"])
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:

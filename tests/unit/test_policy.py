@@ -268,3 +268,26 @@ def test_a_rule_mode_applies_to_that_rule_only(rule: RuleId) -> None:
         other: "warn" if other == rule else "enforce" for other in RULE_IDS
     }
     assert set(RULE_IDS) == {*MUTATING_RULES, "acceleratorNodeGuard"}
+
+
+# --- namespace overrides merge with the default ones --------------------------------------------------
+
+INFRASTRUCTURE = ("kube-system", "kube-node-lease", "gpu-operator", "gpu-operator-resources")
+
+
+def test_a_policy_adding_a_team_keeps_the_infrastructure_exemptions() -> None:
+    policy = make_policy({"namespaces": [{"names": ["research"], "mode": "audit"}]})
+    assert policy.mode_for("priority", "research") == "audit"
+    assert [policy.mode_for("priority", namespace) for namespace in INFRASTRUCTURE] == ["off"] * 4
+
+
+def test_a_namespace_the_policy_names_leaves_the_default_entry() -> None:
+    policy = make_policy(
+        {"namespaces": [{"names": ["kube-system"], "rules": {"acceleratorNodeGuard": "warn"}}]}
+    )
+    assert policy.mode_for("acceleratorNodeGuard", "kube-system") == "warn"
+    assert (
+        policy.mode_for("priority", "kube-system") == "enforce"
+    )  # the default "off" entry no longer covers it
+    assert policy.mode_for("priority", "gpu-operator") == "off"
+    assert policy.namespaces[0].names == ["kube-system"]  # the given entries come first
