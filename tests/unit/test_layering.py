@@ -31,3 +31,16 @@ def test_the_check_itself_sees_shell_imports() -> None:
         [sys.executable, "-c", f"import json; {code}"], capture_output=True, text=True, timeout=60, check=True
     )
     assert {"fastapi", "starlette"} <= set(json.loads(result.stdout))
+
+
+def test_serving_existing_certificates_never_imports_cryptography() -> None:
+    # cryptography costs every replica about 10 MB of resident memory (the 64 MB floor of issue 6):
+    # only generating or rotating certificates may load it.
+    code = (
+        "import webhook.cli, webhook.server, webhook.app, webhook.certfiles, sys; "
+        "print('cryptography' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "False", result.stdout
