@@ -6,13 +6,20 @@ machine. gpuguard's throughput is stated as a ratio to it, measured in the same 
 depend on how fast the machine is.
 
     python -m bench.echo --port 9443 --cert-dir DIR
+
+`--work` adds one piece of gpuguard's work to the bare echo, to show by hand where the saturation floor
+goes: `decode` parses the body with orjson and still answers the fixed review; `review` answers through
+`webhook.review.review` (engine, differ, answer) with the embedded policy, without gpuguard's shell
+(FastAPI, metrics, the log line).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
@@ -35,6 +42,46 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     await send(BODY)
 
 
+def working_app(work: Callable[[bytes], bytes]) -> Callable[[Scope, Receive, Send], object]:
+    """The echo that collects the body and answers what `work` makes of it."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                break
+        answer = work(b"".join(chunks))
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+    return serve
+
+
+def _decode() -> Callable[[bytes], bytes]:
+    def decode(body: bytes) -> bytes:
+        orjson.loads(body)
+        return ANSWER
+
+    return decode
+
+
+def _review() -> Callable[[bytes], bytes]:
+    # Imported here so that the plain echo, the bench's baseline, loads neither pydantic nor the engine.
+    from webhook.policy import default_policy
+    from webhook.review import review
+
+    policy = default_policy()
+    return lambda body: review(body, endpoint="mutate", policy=policy).body
+
+
+WORK: dict[str, Callable[[], Callable[[bytes], bytes]]] = {"decode": _decode, "review": _review}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -42,11 +89,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--cert-dir", type=Path, required=True)
+    parser.add_argument("--work", choices=sorted(WORK), help="add this piece of gpuguard's work")
     args = parser.parse_args()
     # The settings gpuguard's server.py uses (uvloop and httptools are uvicorn's "auto" choice when
     # installed), so that the two differ only in the application.
     uvicorn.run(
-        app,
+        working_app(WORK[args.work]()) if args.work else app,
         host=args.host,
         port=args.port,
         ssl_certfile=str(args.cert_dir / "tls.crt"),
