@@ -1,5 +1,5 @@
 // Wrapper module that builds the real control plane for gpuguard's end-to-end tests:
-// kube-apiserver, kubectl and etcd, compiled from Go modules (no prebuilt downloads).
+// kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl and etcd, compiled from Go modules (no prebuilt downloads).
 // The k8s.io/kubernetes version below is the one place the tested Kubernetes version is written;
 // build.sh derives everything else (staging replaces, version stamps, cache folder) from it.
 module gpuguard.invalid/controlplane

@@ -87,7 +87,7 @@ def pytest_runtest_makereport(
 
 
 def _build_control_plane(config: pytest.Config) -> Path:
-    # No-op once the binaries are cached; a cold build takes 15-30 min, so let its progress through.
+    # No-op once the binaries are cached; a cold build takes about 10 min, so let its progress through.
     capture = config.pluginmanager.get_plugin("capturemanager")
     assert capture is not None
     with capture.global_and_fixture_disabled():
