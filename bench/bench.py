@@ -2,8 +2,8 @@
 
 Both servers run pinned to core 1 and the load generators (wrk for closed-loop saturation and latency, hey
 for a fixed request rate: it is a Go net/http client like the API server) to core 0, over loopback and
-TLS with keep-alive. Every measurement is bounded in time. The method follows the appendix of
-shared/design/performance.md; the figures and floors are explained in bench/README.md.
+TLS with keep-alive. Every measurement is bounded in time; the method, the figures and the floors are
+explained in bench/README.md.
 
     bench/run [--duration 10] [--short 4] [--out bench/results.md]
 """
@@ -52,7 +52,7 @@ SATURATION_CONNECTIONS = 16
 GROWTH_SIZES = (1, 10, 100, 1024)  # KiB
 OVERRIDES = 1_000
 
-# The floors of issue 6 / performance.md section 6.2, for one worker.
+# The floors for one worker (bench/README.md).
 FLOOR_RATIO = 0.5
 FLOOR_C1_P99_MS = 1.0
 FLOOR_RATE_P99_MS = 5.0

@@ -9,7 +9,7 @@ depend on how fast the machine is.
 
 `--work` adds one piece of gpuguard's work to the bare echo, to show by hand where the saturation floor
 goes: `decode` parses the body with orjson and still answers the fixed review; `review` answers through
-`webhook.review.review` (engine, differ, answer) with the embedded policy, without gpuguard's shell
+`webhook.admission.review.review` (engine, differ, answer) with the embedded policy, without gpuguard's shell
 (FastAPI, metrics, the log line).
 """
 
@@ -23,7 +23,7 @@ import orjson
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
-from webhook.server import KEEP_ALIVE_SECONDS
+from webhook.admission.server import KEEP_ALIVE_SECONDS
 
 ANSWER = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true}}'
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
@@ -72,8 +72,8 @@ def _decode() -> Callable[[bytes], bytes]:
 
 def _review() -> Callable[[bytes], bytes]:
     # Imported here so that the plain echo, the bench's baseline, loads neither pydantic nor the engine.
-    from webhook.policy import default_policy
-    from webhook.review import review
+    from webhook.admission.review import review
+    from webhook.policy.model import default_policy
 
     policy = default_policy()
     return lambda body: review(body, endpoint="mutate", policy=policy).body

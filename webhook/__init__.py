@@ -1,7 +1,8 @@
-"""gpuguard: a Kubernetes admission webhook that makes GPU/accelerator workloads resilient.
+"""gpuguard: admission and device-failure response for GPU and accelerator workloads on Kubernetes.
 
-The pure core (policy, workload, rules, engine, patch, review) takes plain dicts and returns data; the
-shell (app, server, tls, cli) wraps it with HTTP, TLS and the command line.
+`policy` is the pure engine (plain data in, data out); `admission`, `certs`, `kube`, `controllers` and
+`audit` are the shell around it; `manager` wires them; `cli` is the command line. The import rules
+between them are tests (tests/unit/test_layering.py).
 """
 
 __version__ = "0.1.0"

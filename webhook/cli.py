@@ -26,8 +26,11 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from webhook import certfiles, engine, logs, patch, review
-from webhook.policy import Policy, PolicyError, default_policy, default_policy_text, parse_policy
+from webhook import logs
+from webhook.admission import review
+from webhook.certs import files as certfiles
+from webhook.policy import engine, patch
+from webhook.policy.model import Policy, PolicyError, default_policy, default_policy_text, parse_policy
 
 EXIT_DENIED = 1
 EXIT_USAGE = 2
@@ -133,20 +136,20 @@ def _namespaced_name(value: str) -> tuple[str, str]:
 
 
 def cmd_certs_rotate(args: argparse.Namespace) -> int:
-    from kubernetes.client.exceptions import ApiException
-
     # The Kubernetes client and cryptography are only needed here, not to serve existing certificates.
-    from webhook import bootstrap, cluster, tls
+    from webhook.certs import tls
+    from webhook.certs.controller import begin_rotation
+    from webhook.kube.certificates import SecretStore
+    from webhook.kube.client import ApiError, api_client
 
     namespace, name = args.secret
     try:
-        material = bootstrap.begin_rotation(
-            cluster.api_client(args.kubeconfig), namespace=namespace, name=name, schedule=tls.Schedule()
-        )
+        store = SecretStore(api_client(args.kubeconfig), namespace, name)
+        material = begin_rotation(store, schedule=tls.Schedule())
     except (tls.InvalidMaterialError, RuntimeError) as exc:
         print(f"gpuguard: {exc}", file=sys.stderr)
         return EXIT_DENIED
-    except ApiException as exc:
+    except ApiError as exc:
         print(f"gpuguard: Secret {namespace}/{name}: {exc.status} {exc.reason}", file=sys.stderr)
         return EXIT_DENIED
     print(
@@ -158,7 +161,7 @@ def cmd_certs_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_certs_generate(args: argparse.Namespace) -> int:
-    from webhook import tls
+    from webhook.certs import tls
 
     names = list(args.san)
     if args.service:
@@ -173,23 +176,25 @@ def _serving_files(cert_dir: Path, sans: Sequence[str]) -> certfiles.ServingFile
     existing = certfiles.existing_serving_files(cert_dir)
     if existing is not None:
         return existing
-    from webhook import tls  # cryptography costs every replica about 10 MB: imported only to generate
+    from webhook.certs import tls  # cryptography costs every replica about 10 MB: imported only to generate
 
     return tls.generate_serving_files(cert_dir, sans)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from webhook import server  # uvicorn and FastAPI are only needed to serve
+    from webhook import manager  # uvicorn and FastAPI are only needed to serve
 
     logs.configure()
-    certificates = None
+    settings = None
     if args.tls_secret:
-        from webhook import bootstrap, tls  # the Kubernetes client is only needed with cluster access
+        # cryptography only with certificates from a Secret: they are created or rotated here.
+        from webhook.certs import controller as certificates
+        from webhook.certs import tls
 
         namespace, name = args.tls_secret
         service = certfiles.dns_names_for_service(args.service, namespace) if args.service else []
         cert_dir = Path(args.cert_dir)
-        certificates = bootstrap.Settings(
+        settings = certificates.Settings(
             namespace=namespace,
             secret=name,
             names=tuple(certfiles.serving_names([*service, *args.san])),
@@ -212,7 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.cluster_lookups == "auto"
         and bool(in_cluster or args.kubeconfig or args.policy_configmap or args.tls_secret)
     )
-    options = server.Options(
+    options = manager.Options(
         host=args.host,
         port=args.port,
         cert_file=cert_file,
@@ -221,9 +226,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         policy_configmap=args.policy_configmap,
         cluster=lookups,
         kubeconfig=args.kubeconfig,
-        certificates=certificates,
+        certificates=settings,
     )
-    server.serve(options)
+    manager.serve(options)
     return 0
 
 

@@ -6,7 +6,7 @@ import bisect
 from collections import Counter
 from collections.abc import Iterable
 
-from webhook.engine import Decision
+from webhook.policy.engine import Decision
 from webhook.policy_store import PolicyStatus
 
 # Fine buckets at the bottom: the API server's own webhook histogram starts at 5 ms, ours far below it.

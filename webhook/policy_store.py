@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from webhook.policy import Policy, PolicyError, parse_policy
+from webhook.policy.model import Policy, PolicyError, parse_policy
 
 log = logging.getLogger("gpuguard.policy")
 FILE_POLL_SECONDS = 1.0
@@ -42,36 +42,39 @@ class PolicyStore:
         self._lock = threading.Lock()
 
     def status(self) -> PolicyStatus:
-        return PolicyStatus(self.policy.hash, self.source, self.loaded_at, self.last_error, self.errors)
+        with self._lock:
+            return PolicyStatus(self.policy.hash, self.source, self.loaded_at, self.last_error, self.errors)
 
     def offer(self, text: str | None, *, source: str) -> bool:
-        """Takes a new policy text from `source`; True when it became the active policy."""
-        with self._lock:
-            if text is None:
-                log.warning("policy source %s is gone; keeping policy %s", source, self.policy.hash)
-                return False
-            try:
-                policy = parse_policy(text)
-            except PolicyError as exc:
+        """Takes a new policy text from `source`; True when it became the active policy.
+
+        The hooks run after the lock is released: they may be slow (an Event to send) or read the store.
+        """
+        if text is None:
+            log.warning("policy source %s is gone; keeping policy %s", source, self.policy.hash)
+            return False
+        try:
+            policy = parse_policy(text)
+        except PolicyError as exc:
+            with self._lock:
                 self.errors += 1
                 self.last_error = str(exc)
-                log.error(
-                    "refused policy from %s; keeping policy %s",
-                    source,
-                    self.policy.hash,
-                    extra={"fields": {"error": str(exc), "source": source}},
-                )
-                self.on_error(str(exc))
-                return False
+            log.error(
+                "refused policy from %s; keeping policy %s",
+                source,
+                self.policy.hash,
+                extra={"fields": {"error": str(exc), "source": source}},
+            )
+            self.on_error(str(exc))
+            return False
+        with self._lock:
             self.last_error = None
             if policy.hash == self.policy.hash:
                 return False
             self.policy, self.source, self.loaded_at = policy, source, time.time()
-            log.info(
-                "policy %s loaded from %s", policy.hash, source, extra={"fields": {"policy": policy.hash}}
-            )
-            self.on_loaded(policy)
-            return True
+        log.info("policy %s loaded from %s", policy.hash, source, extra={"fields": {"policy": policy.hash}})
+        self.on_loaded(policy)
+        return True
 
 
 class FileWatcher:

@@ -1,6 +1,6 @@
 """A throwaway Kubernetes control plane (etcd + kube-apiserver) on loopback, for end-to-end tests.
 
-Follows /work/shared/design/real-apiserver.md §2-§4 (modelled on controller-runtime's envtest): no
+Modelled on controller-runtime's envtest: no
 kube-controller-manager, no scheduler, no nodes. So pods stay Pending, namespaces never finish
 deleting, and the ServiceAccount admission plugin is disabled (nothing creates `default` SAs).
 """
@@ -28,7 +28,7 @@ from typing import IO, Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from webhook import tls
+from webhook.certs import tls
 
 LOOPBACK = "127.0.0.1"
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")

@@ -32,7 +32,7 @@ from controlplane import (
 from cryptography import x509
 from webhook_harness import REPO_ROOT, metric_samples
 
-from webhook import tls
+from webhook.certs import tls
 
 DEPLOY = REPO_ROOT / "deploy"
 NAMESPACE = "gpuguard"

@@ -43,8 +43,8 @@ from webhook_harness import (
     submit,
 )
 
-from webhook import engine
-from webhook.policy import parse_policy
+from webhook.policy import engine
+from webhook.policy.model import parse_policy
 
 WEBHOOK_NAME = "gpuguard-e2e-facts"
 VALIDATING = f"validate.{WEBHOOK_NAME}.gpuguard.io"

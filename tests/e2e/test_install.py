@@ -46,7 +46,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from webhook_harness import REPO_ROOT, cpu_pod, default_priority_classes, gpu_pod, gpuguard_annotations
 
-from webhook import certfiles, cli, tls
+from webhook import cli
+from webhook.certs import files, tls
 
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 # Short, so a whole rotation fits in a test; the API server still needs far less than this to pick up a
@@ -233,7 +234,7 @@ ALLOWED = [
     ("get", f"secrets/{SECRET}", NAMESPACE),
     ("update", f"secrets/{SECRET}", NAMESPACE),
     ("create", "secrets", NAMESPACE),
-    ("create", "events", NAMESPACE),
+    ("create", "events.events.k8s.io", NAMESPACE),
     ("get", f"mutatingwebhookconfigurations/{CONFIGURATION}", None),
     ("patch", f"validatingwebhookconfigurations/{CONFIGURATION}", None),
 ]
@@ -249,7 +250,7 @@ DENIED = [
     ("update", "jobs.batch", "default"),
     ("get", "configmaps/other", NAMESPACE),
     ("update", f"configmaps/{POLICY_CONFIGMAP}", NAMESPACE),
-    ("create", "events", "default"),
+    ("create", "events.events.k8s.io", "default"),
     ("patch", "mutatingwebhookconfigurations/someone-else", None),
     ("update", f"mutatingwebhookconfigurations/{CONFIGURATION}", None),
     ("create", "validatingwebhookconfigurations", None),  # never recreates a deleted configuration
@@ -329,7 +330,7 @@ def test_service_account_rules_are_exactly_gpuguards(control_plane: ControlPlane
         *{("", "configmaps", POLICY_CONFIGMAP, v) for v in ("get", "list", "watch")},
         *{("", "secrets", SECRET, v) for v in ("get", "list", "watch", "update")},
         ("", "secrets", "", "create"),
-        ("", "events", "", "create"),
+        ("events.k8s.io", "events", "", "create"),
     }
 
     for namespace, expected in ((NAMESPACE, cluster_wide | in_namespace), ("default", cluster_wide)):
@@ -371,7 +372,7 @@ def test_replicas_bootstrap_one_shared_certificate(
         assert replica.served_certificate() == material.leaf, replica.log()
     logs = "".join(replica.log_path.read_text() for replica in replicas)
     assert logs.count("certificates: create") == 1
-    assert tls.covers(material.leaf, certfiles.dns_names_for_service("gpuguard", NAMESPACE))
+    assert tls.covers(material.leaf, files.dns_names_for_service("gpuguard", NAMESPACE))
     assert ca_bundles(control_plane) == {kind: material.cas for kind in CONFIGURATION_KINDS}
     # With the ServiceAccount's rights alone, every cluster lookup works.
     for replica in replicas:

@@ -49,7 +49,7 @@ from webhook_harness import (
     submit,
 )
 
-from webhook.policy import default_policy
+from webhook.policy.model import default_policy
 
 POLICY_ANNOTATION = "gpuguard.io/policy"
 FLIP_SECONDS = 10.0  # "applies a change within seconds"

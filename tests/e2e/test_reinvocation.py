@@ -33,7 +33,7 @@ from webhook_harness import (
     submit,
 )
 
-from webhook import tls
+from webhook.certs import tls
 
 # Mutating webhooks are called in the order of their configurations' names: this one sorts after gpuguard's.
 LABEL_CONFIG = "zz-label-gpuguard-e2e"

@@ -30,7 +30,7 @@ from controlplane import (
     without_proxies,
 )
 
-from webhook.policy import parse_policy
+from webhook.policy.model import parse_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_NAME = "gpuguard-e2e"

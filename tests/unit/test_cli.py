@@ -14,10 +14,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from webhook import cli, engine
-from webhook.policy import default_policy
+from webhook import cli
+from webhook.policy import engine
+from webhook.policy.model import default_policy
 
-from .conftest import EXAMPLES, admission_review, apply, assert_same_json, container, defaulted_gpu_pod, pod
+from .builders import EXAMPLES, admission_review, apply, assert_same_json, container, defaulted_gpu_pod, pod
 
 GPU_EXAMPLES = ["gpu-training-job.yaml", "gpu-inference-deployment.yaml", "gpu-cronjob.yaml"]
 CPU_ON_GPU_NODE = EXAMPLES / "cpu-pod-on-gpu-node.yaml"

@@ -12,10 +12,10 @@ from typing import Any, Literal
 import pytest
 import yaml
 
-from webhook import engine, patch
-from webhook.policy import Policy
+from webhook.policy import engine, patch
+from webhook.policy.model import Policy
 
-from .conftest import CORPUS, apply, assert_same_json, job_errors, pod_spec_errors
+from .builders import CORPUS, apply, assert_same_json, job_errors, pod_spec_errors
 
 Expect = Literal["mutated", "untouched"]
 M: Expect = "mutated"

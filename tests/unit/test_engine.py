@@ -1,16 +1,16 @@
-"""webhook.engine: what is mutated at all, the marks it leaves, and convergence."""
+"""webhook.policy.engine: what is mutated at all, the marks it leaves, and convergence."""
 
 from __future__ import annotations
 
 import pytest
 
-from webhook import engine, rules
-from webhook.facts import ClusterFacts
-from webhook.policy import Policy
-from webhook.rules import Report
-from webhook.workload import Workload
+from webhook.policy import engine, rules
+from webhook.policy.facts import ClusterFacts
+from webhook.policy.model import Policy
+from webhook.policy.rules import Report
+from webhook.policy.workload import Workload
 
-from .conftest import (
+from .builders import (
     GPU,
     JSON,
     POLICY_ANNOTATION,

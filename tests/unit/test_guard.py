@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from webhook import engine
-from webhook.facts import ClusterFacts, PriorityClassInfo
-from webhook.policy import Policy
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, PriorityClassInfo
+from webhook.policy.model import Policy
 
-from .conftest import (
+from .builders import (
     JSON,
     container,
     cronjob,

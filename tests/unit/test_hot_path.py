@@ -28,10 +28,11 @@ import orjson
 import pytest
 import yaml
 
-from webhook import engine, patch, review
-from webhook.facts import NO_FACTS, ClusterFacts, NodeInfo, PriorityClassInfo
-from webhook.policy import Policy, default_policy, parse_policy
-from webhook.workload import split_api_version
+from webhook.admission import review
+from webhook.policy import engine, patch
+from webhook.policy.facts import NO_FACTS, ClusterFacts, NodeInfo, PriorityClassInfo
+from webhook.policy.model import Policy, default_policy, parse_policy
+from webhook.policy.workload import split_api_version
 
 JSON = dict[str, Any]
 NAMESPACE = "ml-team"

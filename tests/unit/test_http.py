@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from webhook import engine
-from webhook.policy import Policy
+from webhook.policy import engine
+from webhook.policy.model import Policy
 
-from .conftest import (
+from .builders import (
     V1BETA1,
     admission_review,
     apply,

@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
-from webhook import engine, review
-from webhook.facts import ClusterFacts, PriorityClassInfo
-from webhook.policy import RULE_IDS, Policy
+from webhook.admission import review
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, PriorityClassInfo
+from webhook.policy.model import RULE_IDS, Policy
 
-from .conftest import (
+from .builders import (
     JSON,
     POLICY_ANNOTATION,
     RULES_ANNOTATION,

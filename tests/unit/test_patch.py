@@ -1,4 +1,4 @@
-"""webhook.patch: RFC 6901 escaping and a JSON Patch that always applies, checked against jsonpatch."""
+"""webhook.policy.patch: RFC 6901 escaping and a JSON Patch that always applies, checked against jsonpatch."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook import patch
+from webhook.policy import patch
 
-from .conftest import apply, assert_same_json, canonical
+from .builders import apply, assert_same_json, canonical
 
 
 @pytest.mark.parametrize(

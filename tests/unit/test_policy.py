@@ -1,4 +1,4 @@
-"""webhook.policy: parsing, load-time refusals that name the field, and mode resolution."""
+"""webhook.policy.model: parsing, load-time refusals that name the field, and mode resolution."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.policy import (
+from webhook.policy.model import (
     MUTATING_RULES,
     RULE_IDS,
     Mode,
@@ -18,7 +18,7 @@ from webhook.policy import (
     parse_policy,
 )
 
-from .conftest import make_policy
+from .builders import make_policy
 
 
 def test_embedded_default_parses_and_matches_its_documentation() -> None:

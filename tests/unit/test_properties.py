@@ -10,11 +10,12 @@ import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from webhook import engine, review
-from webhook.facts import ClusterFacts, PriorityClassInfo
-from webhook.policy import Policy, default_policy
+from webhook.admission import review
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, PriorityClassInfo
+from webhook.policy.model import Policy, default_policy
 
-from .conftest import (
+from .builders import (
     GPU,
     JSON,
     NOT_READY,

@@ -1,4 +1,4 @@
-"""webhook.review: AdmissionReview bytes in, a well-formed AdmissionReview out, whatever arrives."""
+"""webhook.admission.review: AdmissionReview bytes in, a well-formed AdmissionReview out, whatever arrives."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
-from webhook import engine, review
-from webhook.policy import Policy
+from webhook.admission import review
+from webhook.policy import engine
+from webhook.policy.model import Policy
 
-from .conftest import (
+from .builders import (
     V1,
     V1BETA1,
     admission_request,

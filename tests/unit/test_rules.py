@@ -1,4 +1,4 @@
-"""The four mutating rules, checked against the API-server behaviour in k8s-semantics.md."""
+"""The four mutating rules, checked against the API server's defaulting and validation of what they touch."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from webhook import engine
-from webhook.facts import ClusterFacts, PriorityClassInfo
-from webhook.policy import Policy
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, PriorityClassInfo
+from webhook.policy.model import Policy
 
-from .conftest import (
+from .builders import (
     DEFAULTED_TOLERATIONS,
     GPU,
     JSON,

@@ -17,7 +17,9 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from webhook import bootstrap, certfiles, cli, tls
+from webhook import cli
+from webhook.certs import files, tls
+from webhook.certs.serving import ServingCertificate
 
 T0 = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 SCHEDULE = tls.Schedule(
@@ -25,7 +27,7 @@ SCHEDULE = tls.Schedule(
     ca_validity=datetime.timedelta(days=365),
     leaf_validity=datetime.timedelta(days=90),
 )
-SERVICE_NAMES = tuple(certfiles.serving_names(certfiles.dns_names_for_service("gpuguard", "gpuguard")))
+SERVICE_NAMES = tuple(files.serving_names(files.dns_names_for_service("gpuguard", "gpuguard")))
 SECOND = datetime.timedelta(seconds=1)
 
 
@@ -63,7 +65,7 @@ def test_certs_generate_names_the_service_and_ips(tmp_path: Path) -> None:
     )
 
     assert code == 0
-    cert = x509.load_pem_x509_certificate((tmp_path / certfiles.CERT_FILE).read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / files.CERT_FILE).read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert sans.get_values_for_type(x509.DNSName) == [
         "gpuguard",
@@ -79,10 +81,10 @@ def test_certs_generate_names_the_service_and_ips(tmp_path: Path) -> None:
         ipaddress.ip_address("127.0.0.1"),
     ]
     assert common_name(cert) == "gpuguard"
-    ca = x509.load_pem_x509_certificate((tmp_path / certfiles.CA_FILE).read_bytes())
+    ca = x509.load_pem_x509_certificate((tmp_path / files.CA_FILE).read_bytes())
     assert tls.signed_by(cert, ca)
-    assert (tmp_path / certfiles.CA_KEY_FILE).stat().st_mode & 0o077 == 0
-    assert (tmp_path / certfiles.KEY_FILE).stat().st_mode & 0o077 == 0
+    assert (tmp_path / files.CA_KEY_FILE).stat().st_mode & 0o077 == 0
+    assert (tmp_path / files.KEY_FILE).stat().st_mode & 0o077 == 0
 
 
 def test_certificates_start_backdated_and_report_their_issuing_time() -> None:
@@ -312,8 +314,8 @@ def echo(conn: ssl.SSLSocket, text: bytes) -> bytes:
 
 
 @pytest.fixture
-def switchable(tmp_path: Path) -> Iterator[tuple[bootstrap.ServingCertificate, EchoServer]]:
-    serving = bootstrap.ServingCertificate(tmp_path / "certs")
+def switchable(tmp_path: Path) -> Iterator[tuple[ServingCertificate, EchoServer]]:
+    serving = ServingCertificate(tmp_path / "certs")
     files = serving.placeholder(SERVICE_NAMES)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(files.cert, files.key)
@@ -325,7 +327,7 @@ def switchable(tmp_path: Path) -> Iterator[tuple[bootstrap.ServingCertificate, E
 
 @pytest.mark.parametrize("server_name", ["127.0.0.1", "gpuguard.gpuguard.svc"], ids=["no-sni", "sni"])
 def test_a_new_certificate_is_served_from_the_next_handshake_on(
-    switchable: tuple[bootstrap.ServingCertificate, EchoServer], tmp_path: Path, server_name: str
+    switchable: tuple[ServingCertificate, EchoServer], tmp_path: Path, server_name: str
 ) -> None:
     # An IP URL (as in the e2e suite) makes clients send no server name; a Service URL sends one.
     serving, server = switchable
@@ -348,5 +350,5 @@ def test_a_new_certificate_is_served_from_the_next_handshake_on(
         # The connection made before the switch keeps working with the certificate it started with.
         assert echo(before, b"in flight") == b"in flight"
         assert served(before) == first.leaf
-    assert (serving.cert_dir / certfiles.CERT_FILE).read_bytes() == second.cert
-    assert (serving.cert_dir / certfiles.CA_FILE).read_bytes() == second.ca_bundle
+    assert (serving.cert_dir / files.CERT_FILE).read_bytes() == second.cert
+    assert (serving.cert_dir / files.CA_FILE).read_bytes() == second.ca_bundle

@@ -15,10 +15,10 @@ from typing import Any, Literal, TypeAlias
 
 import orjson
 
-from webhook import engine, patch
-from webhook.facts import LOOKUPS, ClusterFacts
-from webhook.policy import Policy
-from webhook.workload import as_dict
+from webhook.policy import engine, patch
+from webhook.policy.facts import LOOKUPS, ClusterFacts
+from webhook.policy.model import Policy
+from webhook.policy.workload import as_dict
 
 Endpoint = Literal["mutate", "validate"]
 SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")

@@ -1,27 +1,23 @@
-"""The HTTP shell: FastAPI for health, readiness and metrics; a raw ASGI path for the admission endpoints.
+"""The admission endpoints as raw ASGI, in front of the probes app (FastAPI) that answers the rest.
 
 Every pod creation in a cluster waits on /mutate and /validate, so those two bypass FastAPI's routing,
 request and response objects (about 100 µs a request on 2 cores) and go straight from the ASGI body
-to `review.review`. Everything else is ordinary FastAPI.
+to `review.review`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from webhook import review
-from webhook.facts import NO_FACTS, ClusterFacts
+from webhook.admission import review
 from webhook.metrics import Metrics
-from webhook.policy import Policy
+from webhook.policy.facts import NO_FACTS, ClusterFacts
+from webhook.policy.model import Policy
 from webhook.policy_store import PolicyStore
 
 # The API server refuses requests over 3 MiB for etcd, but a review wraps object and oldObject: cap a
@@ -40,9 +36,6 @@ class State:
     store: PolicyStore
     facts: ClusterFacts = NO_FACTS
     metrics: Metrics = field(default_factory=Metrics)
-    ready: bool = False
-    # Whether the certificate served is valid; with certificates from a Secret, false until it is read.
-    certificate_valid: Callable[[], bool] = lambda: True
 
     @property
     def policy(self) -> Policy:
@@ -78,7 +71,7 @@ async def _send_json(send: Send, body: bytes) -> None:
 
 
 class AdmissionApp:
-    """ASGI entry point: admission POSTs handled here, everything else passed to FastAPI."""
+    """ASGI entry point: admission POSTs handled here, everything else passed to `fallback` (the probes)."""
 
     def __init__(self, state: State, fallback: ASGIApp) -> None:
         self.state = state
@@ -103,45 +96,3 @@ class AdmissionApp:
         self.state.metrics.observe(endpoint, result, elapsed, decisions)
         fields: dict[str, Any] = answer.summary | {"latencyMs": round(elapsed * 1000, 3)}
         log.info("admission %s", result, extra={"fields": fields})
-
-
-def create_app(state: State) -> AdmissionApp:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # uvicorn loads the certificate before startup: reaching here means it is valid and served.
-        state.ready = True
-        log.info("ready", extra={"fields": {"policy": state.policy.hash}})
-        yield
-        state.ready = False
-
-    api = FastAPI(title="gpuguard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-
-    @api.get("/healthz", response_class=PlainTextResponse)
-    def healthz() -> str:
-        return "ok"
-
-    @api.get("/readyz", response_class=PlainTextResponse)
-    def readyz() -> Response:
-        if state.ready and state.certificate_valid():
-            return PlainTextResponse(f"ok policy={state.policy.hash}")
-        return PlainTextResponse("not ready", status_code=503)
-
-    @api.get("/metrics")
-    def metrics() -> Response:
-        body = state.metrics.render(state.store.status())
-        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @api.get("/policy")
-    def policy() -> dict[str, object]:
-        status = state.store.status()
-        return {
-            "hash": status.hash,
-            "source": status.source,
-            "loadedAt": status.loaded_at,
-            "lastError": status.last_error,
-            "errors": status.errors,
-            "enabled": state.policy.enabled,
-            "unavailableLookups": list(state.facts.unavailable),
-        }
-
-    return AdmissionApp(state, api)

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from webhook.certfiles import (
+from webhook.certs.files import (
     CA_FILE,
     CA_KEY_FILE,
     CERT_FILE,

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webhook.facts import NO_FACTS, ClusterFacts
-from webhook.policy import Mode, Policy, RuleId
-from webhook.rules import MUTATORS, Report, accelerator_node_guard
-from webhook.workload import JSON, Workload, accelerator_requests, as_dict, locate
+from webhook.policy.facts import NO_FACTS, ClusterFacts
+from webhook.policy.model import Mode, Policy, RuleId
+from webhook.policy.rules import MUTATORS, Report, accelerator_node_guard
+from webhook.policy.workload import JSON, Workload, accelerator_requests, as_dict, locate
 
 RULES_ANNOTATION = "gpuguard.io/rules"
 POLICY_ANNOTATION = "gpuguard.io/policy"

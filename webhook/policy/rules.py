@@ -1,8 +1,9 @@
 """The five rules. Mutators edit a workload in place and say what they changed; the guard returns a denial.
 
-Each mutator is idempotent: run on its own output it changes nothing. The reasons are in
-`k8s-semantics.md`: the API server re-runs every in-tree plugin and may call us again after any
-mutation, so a rule must recognise its own work (and the defaults the API server adds) as done.
+Each mutator is idempotent: run on its own output it changes nothing. The API server re-runs every
+in-tree plugin after the mutating webhooks and may call us again after any mutation
+(`reinvocationPolicy: IfNeeded`), so a rule must recognise its own work (and the defaults the API
+server adds) as done.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.facts import ClusterFacts, NodeInfo
-from webhook.policy import SYSTEM_PRIORITY_PREFIX, Policy, RuleId
-from webhook.workload import (
+from webhook.policy.facts import ClusterFacts, NodeInfo
+from webhook.policy.model import SYSTEM_PRIORITY_PREFIX, Policy, RuleId
+from webhook.policy.workload import (
     JSON,
     SYSTEM_CRITICAL_PRIORITY,
     Workload,

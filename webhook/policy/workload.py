@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.facts import NO_FACTS, ClusterFacts
-from webhook.policy import Accelerators
+from webhook.policy.facts import NO_FACTS, ClusterFacts
+from webhook.policy.model import Accelerators
 
 JSON = dict[str, Any]
 

@@ -1,0 +1,108 @@
+"""The Kubernetes API client, and list/watch access to one resource as raw JSON.
+
+Everything is read with `_preload_content=False` and parsed with orjson: nothing a newer server sends
+that the client's models do not know is lost, and no model objects are built for objects nobody reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import orjson
+from kubernetes import client, config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from webhook.kube.informer import ExpiredError, ListPage, NotServedError
+
+# What a failed API call raises, for callers that say what failed without importing the client.
+ApiError = ApiException
+REQUEST_TIMEOUT_SECONDS = 10
+# Pages of a list: large enough that a 5,000-node fleet is a handful of requests, small enough that no
+# single response holds the whole fleet in memory at once.
+PAGE_SIZE = 500
+
+
+__all__ = ["ApiClient", "ApiError", "ResourceListWatch", "api_client", "metadata_of", "raw_json"]
+
+
+def api_client(kubeconfig: str | None = None) -> ApiClient:
+    """In-cluster credentials inside a pod, else the kubeconfig (explicit, $KUBECONFIG or ~/.kube/config)."""
+    configuration = client.Configuration()
+    if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return ApiClient(configuration)
+
+
+def raw_json(response: object) -> Any:
+    """The body of a call made with `_preload_content=False`, whatever the client's annotation says."""
+    return orjson.loads(cast(Any, response).data)
+
+
+def metadata_of(raw: object) -> dict[str, Any]:
+    metadata = raw.get("metadata") if isinstance(raw, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _translated(exc: ApiException) -> Exception:
+    if exc.status == 404:
+        return NotServedError(str(exc.reason))
+    if exc.status == 410:
+        return ExpiredError(str(exc.reason))
+    return exc
+
+
+class ResourceListWatch:
+    """One resource's list and watch through a generated client call (`CoreV1Api.list_node` and the
+    like), with fixed arguments such as a namespace or a field selector."""
+
+    def __init__(
+        self, list_call: Callable[..., Any], *, page_size: int = PAGE_SIZE, **list_args: Any
+    ) -> None:
+        self.list_call = list_call
+        self.page_size = page_size
+        self.list_args = list_args
+
+    def list_page(self, continue_token: str | None) -> ListPage:
+        paging: dict[str, Any] = {"limit": self.page_size}
+        if continue_token:
+            paging["_continue"] = continue_token
+        try:
+            response = self.list_call(
+                **self.list_args, **paging, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        except ApiException as exc:
+            raise _translated(exc) from exc
+        data = raw_json(response)
+        metadata = metadata_of(data)
+        items = data.get("items")
+        return ListPage(
+            items=[item for item in items if isinstance(item, dict)] if isinstance(items, list) else [],
+            resource_version=str(metadata.get("resourceVersion") or ""),
+            continue_token=str(metadata.get("continue") or "") or None,
+        )
+
+    @contextlib.contextmanager
+    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[Iterator[dict[str, Any]]]:
+        try:
+            response = self.list_call(
+                **self.list_args,
+                watch=True,
+                allow_watch_bookmarks=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+                _preload_content=False,
+                _request_timeout=timeout_seconds + REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as exc:
+            raise _translated(exc) from exc
+        try:
+            yield (orjson.loads(line) for line in iter_resp_lines(response))
+        finally:
+            response.release_conn()

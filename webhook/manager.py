@@ -1,0 +1,185 @@
+"""The composition root: which parts `gpuguard serve` runs, wired to what, started in which order.
+
+Nothing here decides anything about workloads; it builds the policy store, the cluster caches and the
+policy ConfigMap source (when asked), the certificate manager (certificates from a Secret), the probes
+and the admission app, then serves until SIGTERM. Imports that cost memory are made only when used:
+the Kubernetes client with cluster access, `cryptography` only to generate or rotate certificates.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from webhook import probes
+from webhook.admission.app import AdmissionApp, State
+from webhook.admission.server import https_server
+from webhook.policy.model import Policy, default_policy, parse_policy
+from webhook.policy_store import FileWatcher, PolicyStore
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from webhook.certs import controller as certificates
+    from webhook.kube.client import ApiClient
+
+CONFIGMAP_KEY = "policy.yaml"
+
+log = logging.getLogger("gpuguard.manager")
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str
+    port: int
+    cert_file: Path
+    key_file: Path
+    policy_file: Path | None = None
+    # "namespace/name" of the ConfigMap holding the policy under CONFIGMAP_KEY.
+    policy_configmap: str | None = None
+    # Cluster lookups (PriorityClasses, namespaces, nodes, DRA claims): on when True.
+    cluster: bool = False
+    kubeconfig: str | None = None
+    # Certificates from a Secret, shared by the replicas and rotated (webhook.certs.controller): the
+    # listener starts on a placeholder in the settings' cert_dir (cert_file and key_file are unused) and
+    # switches to the Secret's certificate once it is read.
+    certificates: certificates.Settings | None = None
+
+
+def _initial_policy(options: Options) -> tuple[Policy, str]:
+    if options.policy_file is not None:
+        return parse_policy(options.policy_file.read_text(encoding="utf-8")), f"file {options.policy_file}"
+    return default_policy(), "embedded default"
+
+
+def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threading.Event) -> None:
+    """Starts the fact caches and the ConfigMap watch; the first lists complete before serving."""
+    from webhook.kube import facts, policy_source
+    from webhook.kube.events import EventRecorder, api_sender
+
+    publisher = facts.FactsPublisher(
+        get=lambda: state.facts, put=lambda snapshot: setattr(state, "facts", snapshot)
+    )
+    informers = facts.fact_informers(api, publisher, stop) if options.cluster else []
+    if options.policy_configmap:
+        namespace, _, name = options.policy_configmap.partition("/")
+        source = f"ConfigMap {namespace}/{name}"
+        events = EventRecorder(api_sender(api), stop=stop)
+        events.start()
+        configmap = policy_source.PolicyConfigMap(
+            api,
+            namespace,
+            name,
+            key=CONFIGMAP_KEY,
+            offer=lambda text: state.store.offer(text, source=source),
+            events=events,
+            stop=stop,
+        )
+        state.store.on_error = lambda error: configmap.event("InvalidPolicy", error, warning=True)
+
+        def loaded(policy: Policy) -> None:
+            configmap.event("PolicyLoaded", f"policy {policy.hash} is active", warning=False)
+            if message := _missing_priority_class(state):
+                configmap.event("PriorityClassMissing", message, warning=True)
+
+        state.store.on_loaded = loaded
+        informers.append(configmap.informer)
+    for informer in informers:
+        informer.sync()
+        informer.start()
+    _missing_priority_class(state)
+
+
+def _missing_priority_class(state: State) -> str | None:
+    """Says (and logs) when the policy's class is absent from the cluster: it is then never injected."""
+    class_name = state.policy.rules.priority.className
+    known = state.facts.priority_classes
+    if known is None or class_name in known:
+        return None
+    message = f"PriorityClass {class_name} (rules.priority.className) does not exist: it is not injected"
+    log.warning(message)
+    return message
+
+
+def _certificate_manager(
+    api: ApiClient, settings: certificates.Settings, stop: threading.Event
+) -> certificates.CertificateManager:
+    from webhook.certs.controller import CertificateManager
+    from webhook.kube.certificates import SecretStore, WebhookConfigurations
+
+    store = SecretStore(api, settings.namespace, settings.secret)
+    configurations = WebhookConfigurations(api, settings.webhook_config) if settings.webhook_config else None
+    return CertificateManager(settings, store, configurations, stop=stop)
+
+
+def _probes(state: State) -> probes.Probes:
+    def status() -> dict[str, object]:
+        policy = state.store.status()
+        return {
+            "hash": policy.hash,
+            "source": policy.source,
+            "loadedAt": policy.loaded_at,
+            "lastError": policy.last_error,
+            "errors": policy.errors,
+            "enabled": state.policy.enabled,
+            "unavailableLookups": list(state.facts.unavailable),
+        }
+
+    return probes.Probes(
+        detail=lambda: f"policy={state.policy.hash}",
+        metrics=lambda: state.metrics.render(state.store.status()),
+        status=status,
+    )
+
+
+def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, State]:
+    policy, source = _initial_policy(options)
+    state = State(PolicyStore(policy, source=source))
+    health = _probes(state)
+    api = None
+    if options.cluster or options.policy_configmap or options.certificates:
+        from webhook.kube.client import api_client  # the Kubernetes client only with cluster access
+
+        api = api_client(options.kubeconfig)
+    if api is not None and (options.cluster or options.policy_configmap):
+        _connect_cluster(api, options, state, stop)
+    if options.policy_file is not None:
+        FileWatcher(options.policy_file, state.store, stop).thread.start()
+    app = AdmissionApp(state, probes.create_app(health))
+    if api is None or options.certificates is None:
+        return https_server(
+            app, host=options.host, port=options.port, cert_file=options.cert_file, key_file=options.key_file
+        ), state
+    manager = _certificate_manager(api, options.certificates, stop)
+    health.add_readiness_check("certificate", manager.serving.valid)
+    placeholder = manager.prepare()
+    server = https_server(
+        app,
+        host=options.host,
+        port=options.port,
+        cert_file=placeholder.cert,
+        key_file=placeholder.key,
+        adopt_context=manager.serving.attach,
+    )
+    manager.start()
+    return server, state
+
+
+def _exit_cleanly(signum: int, _: object) -> None:
+    raise SystemExit(0)
+
+
+def serve(options: Options) -> None:
+    # uvicorn drains requests on SIGTERM, then re-raises the signal to the handler it found: make that
+    # handler a clean exit, so a normal pod stop ends with status 0 rather than "killed by SIGTERM".
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    stop = threading.Event()
+    server, _ = build(options, stop)
+    try:
+        server.run()
+    finally:
+        stop.set()
