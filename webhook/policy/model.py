@@ -1,8 +1,12 @@
 """The policy: a frozen pydantic model, parsed from the YAML a ConfigMap or file holds.
 
 Every check that can be made without a cluster happens here, at load time, so that admission never
-meets a bad policy: unknown keys are rejected, errors name the field, and combinations the API server
-would reject later (exit code 0 under `In`, a preStop longer than the grace period) are refused.
+meets a bad policy: unknown keys are rejected, errors name the field, types are strict (a boolean is not
+a number, a string is neither), every number is bounded by the API field it ends up in, and
+combinations the API server would reject later (exit code 0 under `In`, a preStop longer than the grace
+period) or that defeat each other (an injected class the guard then denies) are refused. Whatever a
+request needs from the policy (the compiled patterns, the namespace index) is built here too, on the
+thread that loads it, never on a request.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from webhook.policy.loader import PolicyTextError, load_policy_yaml
+
 Mode = Literal["enforce", "warn", "audit", "off"]
 RuleId = Literal[
     "readinessTolerations", "podFailurePolicy", "gracefulTermination", "priority", "acceleratorNodeGuard"
@@ -41,14 +47,35 @@ MUTATING_RULES: tuple[RuleId, ...] = (
 RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard")
 SYSTEM_PRIORITY_PREFIX = "system-"
 HIGHEST_USER_PRIORITY = 1_000_000_000
+LOWEST_PRIORITY = -(2**31)  # PriorityClass.value is an int32
+# Seconds end up in tolerationSeconds, terminationGracePeriodSeconds and a preStop sleep: int64 fields
+# that Kubernetes turns into a Go time.Duration (int64 nanoseconds). More than this overflows there
+# (a toleration would then evict at once), and past 2**63 the API server cannot even decode the patch.
+MAX_SECONDS = (2**63 - 1) // 10**9  # about 292 years
+# Bounds on the lists a request walks or the load compiles: far above any real policy, far below what
+# would stall a load (hundreds of thousands of patterns take a minute to compile).
+MAX_PATTERNS = 256
+MAX_NAMESPACE_ENTRIES = 1_000
+MAX_NAMESPACE_NAMES = 10_000
+MAX_PRIORITY_CLASSES = 1_000
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
-def _yaml_off_is_off(value: object) -> object:
-    # YAML 1.1 reads an unquoted `off` as the boolean false; a user who wrote `mode: off` means "off".
-    return "off" if value is False else value
+def _no_boolean_mode(value: object) -> object:
+    # A mode is a word. Policy YAML has only `true` and `false` as booleans (webhook.policy.loader), so a
+    # bare `off` already arrives as "off"; a boolean here was written as one, and its meaning is a guess.
+    if isinstance(value, bool):
+        raise ValueError(f"a mode is one of enforce, warn, audit, off, not the boolean {str(value).lower()}")
+    return value
 
 
-ModeField = Annotated[Mode, BeforeValidator(_yaml_off_is_off)]
+ModeField = Annotated[Mode, BeforeValidator(_no_boolean_mode)]
+Seconds = Annotated[int, Field(ge=1, le=MAX_SECONDS)]
+Pattern = Annotated[str, Field(min_length=1, max_length=512)]
+Patterns = Annotated[list[Pattern], Field(max_length=MAX_PATTERNS)]
+ClassName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN)]
+NamespaceName = Annotated[str, Field(max_length=63, pattern=DNS_LABEL)]
 ExitCode = Annotated[int, Field(ge=1, le=255)]
 # The API server wants exit codes sorted and unique; normalising here lets users write them in any order.
 ExitCodes = Annotated[list[ExitCode], AfterValidator(lambda codes: sorted(set(codes)))]
@@ -59,15 +86,16 @@ class PolicyError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: no coercion, so `true` is not 1, "3600" is not a number and "no" is not a boolean.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class Accelerators(_Model):
-    resources: list[str]
+    resources: Patterns
     resourceClaims: bool
-    deviceClasses: list[str]
-    nodeLabels: list[str]
-    taintKeys: list[str]
+    deviceClasses: Patterns
+    nodeLabels: Patterns
+    taintKeys: Patterns
 
     @cached_property
     def _resource_pattern(self) -> re.Pattern[str]:
@@ -89,9 +117,10 @@ class _Rule(_Model):
 
 
 class ReadinessTolerations(_Rule):
-    batchSeconds: int = Field(ge=0)
-    servingSeconds: int = Field(ge=0)
-    apiServerDefaultSeconds: int = Field(ge=0)
+    # At least a second: 0 would evict a workload the moment its node looks unready.
+    batchSeconds: Seconds
+    servingSeconds: Seconds
+    apiServerDefaultSeconds: int = Field(ge=0, le=MAX_SECONDS)
 
 
 class PodFailurePolicyRule(_Rule):
@@ -113,8 +142,8 @@ class PodFailurePolicyRule(_Rule):
 
 class PreStop(_Model):
     action: Literal["sleep", "exec"]
-    seconds: int = Field(ge=1)
-    command: list[str]
+    seconds: Seconds
+    command: list[str] = Field(max_length=MAX_PATTERNS)
 
     @model_validator(mode="after")
     def _command_matches_action(self) -> PreStop:
@@ -127,8 +156,8 @@ class PreStop(_Model):
 
 class GracefulTermination(_Rule):
     preStop: PreStop
-    minGracePeriodSeconds: int = Field(ge=1)
-    marginSeconds: int = Field(ge=0)
+    minGracePeriodSeconds: Seconds
+    marginSeconds: int = Field(ge=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _prestop_fits(self) -> GracefulTermination:
@@ -136,6 +165,11 @@ class GracefulTermination(_Rule):
             raise ValueError(
                 f"preStop.seconds ({self.preStop.seconds}) must be shorter than "
                 f"minGracePeriodSeconds ({self.minGracePeriodSeconds})"
+            )
+        if self.preStop.seconds + self.marginSeconds > MAX_SECONDS:
+            raise ValueError(
+                f"preStop.seconds + marginSeconds ({self.preStop.seconds + self.marginSeconds}) is more "
+                f"than the {MAX_SECONDS} s a grace period may be"
             )
         return self
 
@@ -146,9 +180,7 @@ class GracefulTermination(_Rule):
 
 class Priority(_Rule):
     # A PriorityClass name is a DNS subdomain; anything else would make every patched pod invalid.
-    className: str = Field(
-        max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-    )
+    className: ClassName
 
     @model_validator(mode="after")
     def _not_system(self) -> Priority:
@@ -170,9 +202,9 @@ class Rules(_Model):
 
 
 class SelectorRequirement(_Model):
-    key: str = Field(min_length=1)
+    key: str = Field(min_length=1, max_length=316)
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list)
+    values: list[str] = Field(default_factory=list, max_length=MAX_PATTERNS)
 
     @model_validator(mode="after")
     def _values_match_operator(self) -> SelectorRequirement:
@@ -194,8 +226,8 @@ class SelectorRequirement(_Model):
 class LabelSelector(_Model):
     """A Kubernetes label selector (matchLabels and matchExpressions, all must hold)."""
 
-    matchLabels: dict[str, str] = Field(default_factory=dict)
-    matchExpressions: list[SelectorRequirement] = Field(default_factory=list)
+    matchLabels: dict[str, str] = Field(default_factory=dict, max_length=MAX_PATTERNS)
+    matchExpressions: list[SelectorRequirement] = Field(default_factory=list, max_length=MAX_PATTERNS)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(key) == value for key, value in self.matchLabels.items()) and all(
@@ -206,7 +238,8 @@ class LabelSelector(_Model):
 class NamespaceOverride(_Model):
     """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access)."""
 
-    names: list[str] = Field(default_factory=list)
+    # A name that is not a namespace name (`Kube-System`) would silently never match.
+    names: list[NamespaceName] = Field(default_factory=list, max_length=MAX_NAMESPACE_NAMES)
     selector: LabelSelector | None = None
     mode: ModeField | None = None
     rules: dict[RuleId, ModeField] = Field(default_factory=dict)
@@ -223,13 +256,15 @@ class Policy(_Model):
     mode: ModeField
     accelerators: Accelerators
     rules: Rules
-    priorityClasses: dict[str, Annotated[int, Field(le=HIGHEST_USER_PRIORITY)]]
-    namespaces: list[NamespaceOverride]
+    priorityClasses: dict[ClassName, Annotated[int, Field(ge=LOWEST_PRIORITY, le=HIGHEST_USER_PRIORITY)]] = (
+        Field(max_length=MAX_PRIORITY_CLASSES)
+    )
+    namespaces: list[NamespaceOverride] = Field(max_length=MAX_NAMESPACE_ENTRIES)
     _hash: str = PrivateAttr(default="")
 
     @property
     def hash(self) -> str:
-        """The hash of the source text, set by parse_policy; names the policy in annotations and metrics."""
+        """The hash of the effective policy, set by parse_policy; names it in annotations and metrics."""
         return self._hash
 
     @model_validator(mode="after")
@@ -240,6 +275,24 @@ class Policy(_Model):
                 if name in seen:
                     raise ValueError(f"namespaces[{index}]: namespace {name!r} is listed twice")
                 seen.add(name)
+        if len(seen) > MAX_NAMESPACE_NAMES:
+            raise ValueError(f"namespaces name {len(seen)} namespaces, more than {MAX_NAMESPACE_NAMES}")
+        return self
+
+    @model_validator(mode="after")
+    def _injected_class_passes_the_guard(self) -> Policy:
+        # The priority rule gives class-less accelerator workloads this class; the guard then judges
+        # them by its value. Below minPriority, every such workload bound for accelerator nodes would be
+        # mutated only to be denied.
+        class_name = self.rules.priority.className
+        value = self.priorityClasses.get(class_name)
+        threshold = self.rules.acceleratorNodeGuard.minPriority
+        if value is not None and value < threshold:
+            raise ValueError(
+                f"rules.priority.className {class_name} has value {value} (priorityClasses), below "
+                f"rules.acceleratorNodeGuard.minPriority {threshold}: the guard would deny every "
+                "accelerator workload the priority rule gives it to"
+            )
         return self
 
     @cached_property
@@ -293,9 +346,11 @@ def _format_error(error: ValidationError) -> str:
 
 def _load_mapping(text: str) -> dict[str, Any]:
     try:
-        data: Any = yaml.safe_load(text)
+        data: Any = load_policy_yaml(text)
     except yaml.YAMLError as exc:
         raise PolicyError(f"policy is not valid YAML: {exc}") from exc
+    except PolicyTextError as exc:
+        raise PolicyError(f"policy refused: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -349,10 +404,24 @@ def parse_policy(text: str) -> Policy:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
         raise PolicyError(f"invalid policy: {_format_error(exc)}") from exc
-    # Hash the effective policy, so the same text under a newer embedded default gets a new hash.
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    # Hash the effective policy as validated, so that equal policies (the same text under a newer
+    # default gets a new one; exit codes in another order do not) get equal hashes.
+    canonical = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     policy._hash = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    _prepare(policy)
     return policy
+
+
+def _prepare(model: BaseModel) -> None:
+    """Computes every cached_property of the policy and its parts (compiled patterns, indexes) now."""
+    for name in dir(type(model)):
+        if isinstance(getattr(type(model), name, None), cached_property):
+            getattr(model, name)
+    for field in type(model).model_fields:
+        value = getattr(model, field)
+        for part in value if isinstance(value, list) else [value]:
+            if isinstance(part, BaseModel):
+                _prepare(part)
 
 
 @cache
