@@ -19,7 +19,7 @@ from webhook import probes
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
 from webhook.policy.model import Policy, default_policy, parse_policy
-from webhook.policy_store import FileWatcher, PolicyStore
+from webhook.policy_store import FileWatcher, PolicyStore, policy_text
 
 if TYPE_CHECKING:
     import uvicorn
@@ -50,10 +50,12 @@ class Options:
     certificates: certificates.Settings | None = None
 
 
-def _initial_policy(options: Options) -> tuple[Policy, str]:
+def _initial_policy(options: Options) -> tuple[Policy, str, bytes]:
+    """The policy to start with, its source, and the file's bytes it was read from (b"" without one)."""
     if options.policy_file is not None:
-        return parse_policy(options.policy_file.read_text(encoding="utf-8")), f"file {options.policy_file}"
-    return default_policy(), "embedded default"
+        data = options.policy_file.read_bytes()
+        return parse_policy(policy_text(data)), f"file {options.policy_file}", data
+    return default_policy(), "embedded default", b""
 
 
 def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threading.Event) -> None:
@@ -137,7 +139,7 @@ def _probes(state: State) -> probes.Probes:
 
 
 def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, State]:
-    policy, source = _initial_policy(options)
+    policy, source, policy_bytes = _initial_policy(options)
     state = State(PolicyStore(policy, source=source))
     health = _probes(state)
     api = None
@@ -148,7 +150,10 @@ def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, Stat
     if api is not None and (options.cluster or options.policy_configmap):
         _connect_cluster(api, options, state, stop)
     if options.policy_file is not None:
-        FileWatcher(options.policy_file, state.store, stop).thread.start()
+        watcher = FileWatcher(options.policy_file, state.store, stop, loaded=policy_bytes)
+        watcher.thread.start()
+        # Not ready without it: a replica that no longer sees edits would miss the kill switch too.
+        health.add_readiness_check("policy file", watcher.thread.is_alive)
     app = AdmissionApp(state, probes.create_app(health))
     if api is None or options.certificates is None:
         return https_server(
