@@ -6,7 +6,7 @@ import re
 import secrets
 import subprocess
 import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +25,6 @@ HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "build.sh"
 CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()
 WEBHOOK_KEY = pytest.StashKey[WebhookProcess]()
-SUMMARY_KEY = pytest.StashKey[list[str]]()
-
-
-def _pinned_version() -> str:
-    """The Kubernetes version tests/controlplane/go.mod pins (what build.sh builds)."""
-    go_mod = (BUILD_SCRIPT.parent / "go.mod").read_text()
-    match = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", go_mod, re.MULTILINE)
-    return match.group(1) if match else "unknown"
 
 
 def _announce(config: pytest.Config, message: str) -> None:
@@ -52,12 +44,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return (
-        f"e2e: Kubernetes {_pinned_version()} (tests/controlplane/go.mod), etcd + kube-apiserver on loopback"
-    )
-
-
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     plane = config.stash.get(CONTROL_PLANE_KEY, None)
     if plane is not None:
@@ -65,8 +51,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             f"e2e: ran against Kubernetes {plane.version} (etcd {plane.etcd_version}), "
             f"control plane started in {plane.startup_seconds:.1f} s"
         )
-    for line in config.stash.get(SUMMARY_KEY, []):
-        terminalreporter.write_line(f"e2e: {line}")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -145,17 +129,3 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
     control_plane.kubectl("create", "namespace", name)
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-@pytest.fixture
-def summary(
-    pytestconfig: pytest.Config, record_property: Callable[[str, object], None]
-) -> Callable[[str, str], None]:
-    """`summary(key, text)`: a measurement worth reading without -s. It is printed in the terminal summary
-    (also under -q) and recorded as a property of the test (JUnit XML)."""
-
-    def add(key: str, text: str) -> None:
-        record_property(key, text)
-        pytestconfig.stash.setdefault(SUMMARY_KEY, []).append(text)
-
-    return add

@@ -26,7 +26,6 @@ JSON = dict[str, Any]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
-CORPUS = Path(__file__).parents[2].parent / "shared" / "corpus"
 
 GPU = "nvidia.com/gpu"
 NOT_READY = "node.kubernetes.io/not-ready"
