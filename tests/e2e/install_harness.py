@@ -57,9 +57,9 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     return matches[0]
 
 
-def service_account_kubeconfig(plane: ControlPlane, path: Path) -> Path:
+def service_account_kubeconfig(plane: ControlPlane, path: Path, namespace: str = NAMESPACE) -> Path:
     """A kubeconfig for the API server that authenticates as the gpuguard ServiceAccount (TokenRequest)."""
-    token = plane.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=2h").stdout.strip()
+    token = plane.kubectl("create", "token", SERVICE_ACCOUNT, "-n", namespace, "--duration=2h").stdout.strip()
     config = json.loads(plane.kubeconfig.read_text())
     config["users"] = [{"name": SERVICE_ACCOUNT, "user": {"token": token}}]
     config["contexts"] = [{"name": "sa", "context": {"cluster": "e2e", "user": SERVICE_ACCOUNT}}]
@@ -68,8 +68,8 @@ def service_account_kubeconfig(plane: ControlPlane, path: Path) -> Path:
     return path
 
 
-def read_secret(plane: ControlPlane) -> tls.Material:
-    raw = plane.kubectl_json("get", "secret", SECRET, "-n", NAMESPACE)
+def read_secret(plane: ControlPlane, namespace: str = NAMESPACE) -> tls.Material:
+    raw = plane.kubectl_json("get", "secret", SECRET, "-n", namespace)
     return tls.Material.from_secret_data({k: base64.b64decode(v) for k, v in raw["data"].items()})
 
 
@@ -127,6 +127,7 @@ class Replica:
         secret: str = SECRET,
         webhook_config: str | None = CONFIGURATION,
         rotation_delay: float = 300.0,
+        namespace: str = NAMESPACE,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         (self.port,) = free_ports(1)
@@ -140,9 +141,9 @@ class Replica:
             f"--port={self.port}",
             f"--cert-dir={workdir / 'certs'}",
             f"--kubeconfig={kubeconfig}",
-            f"--tls-secret={NAMESPACE}/{secret}",
+            f"--tls-secret={namespace}/{secret}",
             f"--service={SERVICE}",
-            f"--policy-configmap={NAMESPACE}/{POLICY_CONFIGMAP}",
+            f"--policy-configmap={namespace}/{POLICY_CONFIGMAP}",
             "--cluster-lookups=on",
             f"--rotation-delay={rotation_delay}",
         ]

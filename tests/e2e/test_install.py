@@ -127,6 +127,16 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
     assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["name"]
 
 
+def test_gpuguards_own_class_protects_it_and_preempts_nothing(rendered: list[dict[str, Any]]) -> None:
+    own = find(rendered, "PriorityClass", "gpuguard-critical")
+    assert own["value"] == 1_000_000_000  # nothing a workload can name outranks it
+    assert own["preemptionPolicy"] == "Never"  # ...and it never evicts a workload to make room
+    # The class gpuguard gives accelerator workloads keeps Kubernetes' default: it may preempt pods of
+    # lower priority (class-less ones, at 0), as a GPU workload that waits for room should.
+    injected = find(rendered, "PriorityClass", "gpu-workload")
+    assert injected.get("preemptionPolicy", "PreemptLowerPriority") == "PreemptLowerPriority"
+
+
 def test_webhook_configurations_are_deliberate(rendered: list[dict[str, Any]]) -> None:
     for kind, path in (
         ("MutatingWebhookConfiguration", "/mutate"),
@@ -222,6 +232,22 @@ def test_dry_run_on_the_api_server_accepts_every_object(
     assert all(line.endswith("(server dry run)") for line in lines), installed
     # Nothing to warn about either: the Pod Security admission (restricted) would, for the Deployment.
     assert "Warning" not in installed
+
+
+def test_gpuguards_pods_get_its_class_and_never_preempt(
+    control_plane: ControlPlane, installed: str, rendered: list[dict[str, Any]]
+) -> None:
+    # What the scheduler reads: the Priority admission plugin resolves the class onto the pod.
+    template = find(rendered, "Deployment", "gpuguard")["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpuguard-probe", "namespace": NAMESPACE, **template["metadata"]},
+        "spec": template["spec"],
+    }
+    stored = control_plane.kubectl_json("create", "--dry-run=server", "-f", "-", input=json.dumps(pod))
+    assert stored["spec"]["priorityClassName"] == "gpuguard-critical"
+    assert (stored["spec"]["priority"], stored["spec"]["preemptionPolicy"]) == (1_000_000_000, "Never")
 
 
 ALLOWED = [
