@@ -26,7 +26,7 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from webhook import logs
+from webhook import logs, yaml_output
 from webhook.admission import review
 from webhook.certs import files as certfiles
 from webhook.policy import engine, patch
@@ -64,7 +64,7 @@ def _title(obj: Any) -> str:
 
 
 def _dump(obj: Any) -> str:
-    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+    return yaml_output.dump(obj)
 
 
 def _results(args: argparse.Namespace) -> Iterator[tuple[Any, engine.Result, engine.Result]]:
