@@ -30,7 +30,11 @@ from webhook_harness import (
     submit,
 )
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+# Next to the main checkout; a worktree's checkout is one level further down.
+CORPUS = next(
+    (folder / "shared" / "corpus" for folder in REPO_ROOT.parents if (folder / "shared" / "corpus").is_dir()),
+    REPO_ROOT.parent / "shared" / "corpus",
+)
 EXAMPLES = REPO_ROOT / "examples"
 CORPUS_FILES = sorted(CORPUS.glob("*.yaml"))
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
