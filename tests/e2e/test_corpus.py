@@ -17,6 +17,7 @@ import yaml
 from controlplane import ControlPlane
 from webhook_harness import (
     API_SERVER_DEFAULT_SECONDS,
+    CORPUS,
     MUTATING_WEBHOOK,
     READINESS_KEYS,
     REPO_ROOT,
@@ -30,11 +31,6 @@ from webhook_harness import (
     submit,
 )
 
-# Next to the main checkout; a worktree's checkout is one level further down.
-CORPUS = next(
-    (folder / "shared" / "corpus" for folder in REPO_ROOT.parents if (folder / "shared" / "corpus").is_dir()),
-    REPO_ROOT.parent / "shared" / "corpus",
-)
 EXAMPLES = REPO_ROOT / "examples"
 CORPUS_FILES = sorted(CORPUS.glob("*.yaml"))
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
