@@ -363,6 +363,11 @@ class ControlPlane:
     def running(self) -> bool:
         return bool(self._processes) and all(p.running() for p in self._processes)
 
+    @property
+    def pids(self) -> list[int]:
+        """etcd's and kube-apiserver's process ids: what a bench counts as the control plane's CPU."""
+        return [p.popen.pid for p in self._processes]
+
     def stop(self) -> None:
         # apiserver first, so it doesn't spend its shutdown retrying a vanished etcd.
         for process in reversed(self._processes):
