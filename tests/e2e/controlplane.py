@@ -487,6 +487,11 @@ class ControlPlane:
     def running(self) -> bool:
         return bool(self._processes) and all(p.running() for p in self._processes)
 
+    @property
+    def pids(self) -> list[int]:
+        """etcd's and kube-apiserver's process ids: what a bench counts as the control plane's CPU."""
+        return [p.popen.pid for p in self._processes]
+
     def stop(self) -> None:
         # Last started first: the controllers before the apiserver, the apiserver before etcd (so it
         # doesn't spend its shutdown retrying a vanished etcd).
