@@ -1,7 +1,7 @@
 """The suite's own pytest plugin (loaded with `-p gpuguard_suite`, pyproject.toml): what every run says
 about itself, the Kubernetes version the end-to-end tests use and whether the shared corpus is there
 (its tests run, or are skipped and counted), and `summary`, the figures a test measures, printed at the
-end of the run.
+end of the run (each tier's under its name: the unit tier's here, the others' in their conftest).
 
 A plugin rather than tests/conftest.py: pytest consults only the conftest files loaded when the run
 starts for its header, and a second conftest module would collide with tests/e2e/conftest.py in mypy.
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 import pytest
 import shared_corpus
 
 GO_MOD = shared_corpus.REPO_ROOT / "tests" / "controlplane" / "go.mod"
-SUMMARY_KEY = pytest.StashKey[list[str]]()
+SUMMARY_KEY = pytest.StashKey[dict[str, list[str]]]()
 CORPUS_TESTS_KEY = pytest.StashKey[list[str]]()
 
 
@@ -68,22 +68,37 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     else:
         line = f"corpus: {count} corpus tests skipped, no corpus at {shared_corpus.CORPUS}"
     terminalreporter.write_line(line)
-    for line in config.stash.get(SUMMARY_KEY, []):
-        terminalreporter.write_line(line)
+    for figure in summary_lines(config, "unit"):
+        terminalreporter.write_line(f"unit: {figure}")
 
 
-@pytest.fixture
-def summary(
-    pytestconfig: pytest.Config,
-    request: pytest.FixtureRequest,
-    record_property: Callable[[str, object], None],
-) -> Callable[[str, str], None]:
-    """`summary(key, text)`: a measurement worth reading without -s. It is printed in the terminal summary
-    (also under -q), prefixed by the suite (`unit:`, `e2e:`), and recorded as a property of the test."""
-    suite = Path(request.node.path).relative_to(Path(__file__).parent).parts[0]
+def add_summary(config: pytest.Config, tier: str, line: str) -> None:
+    config.stash.setdefault(SUMMARY_KEY, {}).setdefault(tier, []).append(line)
 
-    def add(key: str, text: str) -> None:
-        record_property(key, text)
-        pytestconfig.stash.setdefault(SUMMARY_KEY, []).append(f"{suite}: {text}")
 
-    return add
+def summary_lines(config: pytest.Config, tier: str) -> list[str]:
+    """What the tier's tests and fixtures asked to print in the terminal summary, in order."""
+    return config.stash.get(SUMMARY_KEY, {}).get(tier, [])
+
+
+def summary_fixture(tier: str) -> Any:
+    """A `summary` fixture for a tier (`summary = summary_fixture("e2e")` in its conftest; the unit
+    tier's is this plugin's own)."""
+
+    @pytest.fixture
+    def summary(
+        pytestconfig: pytest.Config, record_property: Callable[[str, object], None]
+    ) -> Callable[[str, str], None]:
+        """`summary(key, text)`: a measurement worth reading without -s. It is printed in the terminal
+        summary (also under -q) and recorded as a property of the test (JUnit XML)."""
+
+        def add(key: str, text: str) -> None:
+            record_property(key, text)
+            add_summary(pytestconfig, tier, text)
+
+        return add
+
+    return summary
+
+
+summary = summary_fixture("unit")

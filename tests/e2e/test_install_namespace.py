@@ -83,10 +83,15 @@ def test_every_namespace_field_follows_the_one_setting(
             {"kind": "ServiceAccount", "name": "gpuguard", "namespace": ELSEWHERE}
         ]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (webhook,) = find(rendered, kind)["webhooks"]
-        assert webhook["clientConfig"]["service"]["namespace"] == ELSEWHERE
-        (excluded,) = webhook["namespaceSelector"]["matchExpressions"]
-        assert excluded["values"] == [*EXCLUDED_BY_DEFAULT, ELSEWHERE]
+        for webhook in find(rendered, kind)["webhooks"]:
+            assert webhook["clientConfig"]["service"]["namespace"] == ELSEWHERE
+            (selected,) = webhook["namespaceSelector"]["matchExpressions"]
+            if selected["operator"] == "NotIn":  # the workload webhooks leave gpuguard's namespace out
+                assert selected["values"] == [*EXCLUDED_BY_DEFAULT, ELSEWHERE], webhook["name"]
+            else:  # the device-software one looks at kube-system only
+                assert selected == {
+                    "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["kube-system"]
+                }  # fmt: skip
 
 
 def test_the_default_namespace_renders_as_before(control_plane: ControlPlane) -> None:
@@ -115,12 +120,9 @@ def installed_elsewhere(control_plane: ControlPlane, moved_deploy: Path) -> Iter
 def test_a_replica_in_the_other_namespace_has_every_right_it_needs(
     control_plane: ControlPlane, installed_elsewhere: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    stored = {
-        kind: control_plane.kubectl_json("get", kind, CONFIGURATION)["webhooks"][0]
-        for kind in CONFIGURATION_KINDS
-    }
-    for webhook in stored.values():
-        assert webhook["clientConfig"]["service"]["namespace"] == ELSEWHERE
+    for kind in CONFIGURATION_KINDS:
+        for webhook in control_plane.kubectl_json("get", kind, CONFIGURATION)["webhooks"]:
+            assert webhook["clientConfig"]["service"]["namespace"] == ELSEWHERE
 
     # Ready means: it read the policy ConfigMap and created the Secret in its namespace (the Role's
     # binding), and listed the cluster facts (the ClusterRole's); then it fills caBundle (ditto).
