@@ -315,9 +315,8 @@ def install_gpuguard(plane: ControlPlane, work: Path, stack: ExitStack) -> Exten
         kind.lower(): doc for doc in rendered if (kind := doc["kind"]).lower() in CONFIGURATION_KINDS
     }
     (mutating,) = configurations["mutatingwebhookconfiguration"]["webhooks"]
-    # The first validating webhook is the workloads' (route_to points it at the replica); the second,
-    # device-software.gpuguard.io, only ever looks at kube-system.
-    validating = configurations["validatingwebhookconfiguration"]["webhooks"][0]
+    # The validating configuration's second webhook is kube-system's device-software one: never called here.
+    validating, _ = configurations["validatingwebhookconfiguration"]["webhooks"]
     if mutating["failurePolicy"] != validating["failurePolicy"]:
         raise RuntimeError("deploy/'s webhooks differ in failurePolicy; route_to sets one for both")
     urls = {kind: replica.url(path) for kind, path in ENDPOINTS.items()}

@@ -292,3 +292,10 @@ def test_a_namespace_the_policy_names_leaves_the_default_entry() -> None:
     )  # the default "off" entry no longer covers it
     assert policy.mode_for("priority", "gpu-operator") == "off"
     assert policy.namespaces[0].names == ["kube-system"]  # the given entries come first
+
+
+def test_every_rule_has_its_code() -> None:
+    from webhook.policy.rules import MUTATORS, VALIDATORS
+
+    assert tuple(MUTATORS) == MUTATING_RULES
+    assert set(VALIDATORS) == set(VALIDATING_RULES)

@@ -247,8 +247,11 @@ class TrustedDeviceSoftware(_Rule):
     requireDigest: bool
 
     @cached_property
-    def host_path_patterns(self) -> list[tuple[str, hostpaths.Components]]:
-        return [(pattern, hostpaths.components(pattern) or ()) for pattern in self.hostPaths]
+    def host_path_patterns(self) -> list[tuple[str, hostpaths.Pattern]]:
+        return [
+            (pattern, hostpaths.compile_pattern(hostpaths.components(pattern) or ()))
+            for pattern in self.hostPaths
+        ]
 
 
 class DriverNodeLabels(_Model):

@@ -266,7 +266,7 @@ def driver_requirement(workload: Workload, rule: DriverCompatibility) -> DriverR
             stated.append((int(value), f"annotation {rule.annotation}"))
         else:
             problem = f"annotation {rule.annotation}: {value!r} is not a driver major version (a whole number such as 550)"
-    for container in workload.containers():
+    for container in workload.containers() if rule.images else ():
         ref = images.parse(container.get("image"))
         if ref is None:
             continue
@@ -327,10 +327,12 @@ def driver_compatibility_check(
     report = Report()
     if workload.is_daemonset or (workload.is_pod and (previous is not None or _exempt_pod(workload))):
         return report  # a pod's affinity cannot change after creation; DaemonSets run on every node
-    if not accelerator_requests(workload, policy.accelerators, facts):
-        return report
     rule = policy.rules.driverCompatibility
     requirement = driver_requirement(workload, rule)
+    if requirement.minimum is None and requirement.problem is None:
+        return report  # most workloads state nothing: the cheap answer first
+    if not accelerator_requests(workload, policy.accelerators, facts):
+        return report
     if previous is not None and _violates_driver_check(previous, rule):
         return report  # an existing workload must stay manageable: deny only what the update introduces
     if requirement.problem:
