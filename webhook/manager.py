@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from webhook import probes
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
-from webhook.policy.model import Policy, default_policy, parse_policy
+from webhook.policy.model import CONFIGMAP_KEY, Policy, default_policy, parse_policy
 from webhook.policy_store import FileWatcher, PolicyStore
 
 if TYPE_CHECKING:
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
     from webhook.certs import controller as certificates
     from webhook.kube.client import ApiClient
-
-CONFIGMAP_KEY = "policy.yaml"
 
 log = logging.getLogger("gpuguard.manager")
 
