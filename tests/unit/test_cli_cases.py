@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from webhook.policy.model import RULE_IDS
+
 from .builders import EXAMPLES, Gpuguard
 
 SHIPPED = EXAMPLES / "tests"
@@ -72,16 +74,11 @@ def test_update_records_and_then_the_suite_passes(gpuguard: Gpuguard, tmp_path: 
     updated = gpuguard("test", "--update", str(folder))
     assert updated.code == 0
     assert updated.out.splitlines()[-1] == "1 case: 0 passed, 0 failed, 1 updated"
-    recorded = yaml.safe_load((folder / "expected" / "job.results.yaml").read_text())
-    assert recorded == {
-        "Job/llm-finetune": {
-            "readinessTolerations": "applied",
-            "podFailurePolicy": "applied",
-            "gracefulTermination": "applied",
-            "priority": "applied",
-            "acceleratorNodeGuard": "pass",
-        }
-    }
+    (recorded,) = yaml.safe_load((folder / "expected" / "job.results.yaml").read_text()).values()
+    assert list(recorded) == list(RULE_IDS)  # every rule, in the policy's order
+    protections = ("readinessTolerations", "podFailurePolicy", "gracefulTermination", "priority")
+    assert {rule: recorded[rule] for rule in protections} == dict.fromkeys(protections, "applied")
+    assert recorded["acceleratorNodeGuard"] == "pass"
     (mutated,) = yaml.safe_load_all((folder / "expected" / "job.yaml").read_text())
     assert mutated["spec"]["podReplacementPolicy"] == "Failed"
     assert gpuguard("test", str(folder)).out.splitlines()[-1] == "1 case: 1 passed, 0 failed"

@@ -7,6 +7,7 @@ One module per command group, each with a `register(commands)` that adds its sub
     review.py     gpuguard review
     policy.py     gpuguard policy check|default|effective|status
     certs.py      gpuguard certs generate|rotate
+    nodes.py      gpuguard nodes drivers
     cases.py      gpuguard test
 
 shared by all of them:
@@ -15,16 +16,17 @@ shared by all of them:
                   the summary line, a progress indicator (on a terminal only)
     inputs.py     -f manifests as kubectl reads them, --policy, --facts, argument types
 
-Adding a command group (say `gpuguard nodes`) is one new module and one line in GROUPS below:
+Adding a command group (say `gpuguard audit`) is one new module and one line in GROUPS below:
 
-    # webhook/cli/nodes.py
-    def run_nodes(args: argparse.Namespace) -> int:
+    # webhook/cli/audit.py
+    def run_audit(args: argparse.Namespace) -> int:
         ...                                   # print; return output.EXIT_OK or output.EXIT_FAILED
     def register(commands: output.Commands) -> None:
-        parser = output.add_parser(commands, "nodes", help="...")   # help lines show defaults
+        parser = output.add_parser(commands, "audit", help="...")   # help lines show defaults
         parser.add_argument(...)                                    # every option with help text
-        parser.set_defaults(run=run_nodes)
+        parser.set_defaults(run=run_audit)
 
+A subcommand of an existing group (another `gpuguard nodes ...`) goes into that group's module.
 Raise `output.UsageError("FILE: what is wrong")` for anything the user must fix: it is printed as
 `gpuguard: ...` with exit code 2. Import heavy libraries (kubernetes, cryptography, uvicorn) inside
 the functions that use them, never at the top of the module: every module here is loaded by every
@@ -38,7 +40,7 @@ import sys
 from collections.abc import Sequence
 
 from webhook import __version__
-from webhook.cli import cases, certs, output, policy, review, serve, workloads
+from webhook.cli import cases, certs, nodes, output, policy, review, serve, workloads
 
 # The command groups, in the order `gpuguard --help` lists them.
 GROUPS = (
@@ -47,6 +49,7 @@ GROUPS = (
     review,
     policy,
     certs,
+    nodes,
     cases,
 )
 

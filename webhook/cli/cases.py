@@ -189,7 +189,10 @@ class _Runner:
             diff = difflib.unified_diff(
                 recorded.splitlines(keepends=True), text.splitlines(keepends=True), str(path), "mutated"
             )
-            outcome.fail(f"mutated objects differ from {path}:\n{''.join(diff).rstrip()}")
+            outcome.fail(
+                f"mutated objects differ from {path} (intended? record them with --update):\n"
+                + "".join(diff).rstrip()
+            )
 
     def _check_results_file(self, path: Path, actual: Results, outcome: Outcome) -> None:
         if self.update:
