@@ -162,3 +162,13 @@ def test_bad_suites_are_usage_errors(gpuguard: Gpuguard, tmp_path: Path) -> None
         2,
         f"gpuguard: {empty}: no gpuguard-test.yaml in this directory or below it\n",
     )
+
+
+def test_update_never_rewrites_an_input(gpuguard: Gpuguard, tmp_path: Path) -> None:
+    # `mutated: job.yaml` says "left unchanged"; the job is mutated, and --update must not rewrite it.
+    folder = suite(tmp_path, "cases:\n  - name: job\n    manifests: [job.yaml]\n    mutated: job.yaml\n")
+    before = (folder / "job.yaml").read_text()
+    run = gpuguard("test", "--update", str(folder))
+    assert run.code == 1
+    assert "job.yaml (it is an input: not updated)" in run.out
+    assert (folder / "job.yaml").read_text() == before

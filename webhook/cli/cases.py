@@ -156,10 +156,15 @@ class _Runner:
 
         policy = self.policy(local(case.policy or suite.policy))
         facts = self.facts(local(case.facts or suite.facts))
-        manifests = inputs.read_manifests([str(here / m) for m in case.manifests], namespace=case.namespace)
+        sources = [here / m for m in case.manifests]
+        manifests = inputs.read_manifests([str(source) for source in sources], namespace=case.namespace)
         evaluations = workloads.evaluate(manifests, policy, facts)
         if case.mutated is not None:
-            self._check_mutated(here / case.mutated, [e.mutated.obj for e in evaluations], outcome)
+            # `mutated` may name the input itself ("left unchanged"): --update never rewrites an input.
+            inputs_named = any((here / case.mutated).resolve() == source.resolve() for source in sources)
+            self._check_mutated(
+                here / case.mutated, [e.mutated.obj for e in evaluations], outcome, writable=not inputs_named
+            )
         actual = {e.manifest.title: rule_results(e, policy, facts) for e in evaluations}
         if isinstance(case.results, str):
             self._check_results_file(here / case.results, actual, outcome)
@@ -175,12 +180,12 @@ class _Runner:
         outcome.status = "updated" if outcome.status == "passed" else outcome.status
         outcome.details.append(f"wrote {path}")
 
-    def _check_mutated(self, path: Path, objects: list[Any], outcome: Outcome) -> None:
+    def _check_mutated(self, path: Path, objects: list[Any], outcome: Outcome, *, writable: bool) -> None:
         text = "---\n".join(output.dump_yaml(obj) for obj in objects)
         expected = inputs.load_yaml_documents(str(path)) if path.is_file() else None
         if expected == objects:
             return
-        if self.update:
+        if self.update and writable:
             self._record(path, text, outcome)
         elif expected is None:
             outcome.fail(f"{path}: missing (run with --update to record the current output)")
@@ -189,10 +194,8 @@ class _Runner:
             diff = difflib.unified_diff(
                 recorded.splitlines(keepends=True), text.splitlines(keepends=True), str(path), "mutated"
             )
-            outcome.fail(
-                f"mutated objects differ from {path} (intended? record them with --update):\n"
-                + "".join(diff).rstrip()
-            )
+            hint = "record them with --update" if writable else "it is an input: not updated"
+            outcome.fail(f"mutated objects differ from {path} ({hint}):\n" + "".join(diff).rstrip())
 
     def _check_results_file(self, path: Path, actual: Results, outcome: Outcome) -> None:
         if self.update:

@@ -14,10 +14,6 @@ import yaml
 
 from webhook.admission import review
 from webhook.cli import inputs, output
-from webhook.policy.workload import POD_SPEC_PATHS
-
-# The resource (plural) of each kind the rules know; what the API server puts in `request.resource`.
-RESOURCES = {kind: f"{kind.lower()}s" for _, kind in POD_SPEC_PATHS}
 
 
 def admission_review(manifest: inputs.Manifest, operation: str) -> dict[str, Any]:
@@ -27,13 +23,15 @@ def admission_review(manifest: inputs.Manifest, operation: str) -> dict[str, Any
     obj = manifest.obj
     group, _, version = str(obj["apiVersion"]).rpartition("/")
     kind = str(obj["kind"])
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    metadata = obj.get("metadata")
     name = metadata.get("name") if isinstance(metadata, dict) else None
     content = orjson.dumps([obj, manifest.namespace, operation], option=orjson.OPT_SORT_KEYS)
     request: dict[str, Any] = {
         "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, content.decode())),
         "kind": {"group": group, "version": version, "kind": kind},
-        "resource": {"group": group, "version": version, "resource": RESOURCES.get(kind, f"{kind.lower()}s")},
+        # The plural of every kind the rules handle (pods, jobs, cronjobs, deployments, ...); gpuguard
+        # itself goes by `kind`.
+        "resource": {"group": group, "version": version, "resource": f"{kind.lower()}s"},
         "namespace": manifest.namespace,
         "operation": operation,
         "userInfo": {"username": "gpuguard-cli"},

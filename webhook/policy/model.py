@@ -379,9 +379,22 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     names the source, which PyYAML never knows for text."""
     if not isinstance(exc, yaml.MarkedYAMLError):
         return str(exc)
-    what = ", ".join(part for part in (exc.context, exc.problem) if part)
-    mark = exc.problem_mark or exc.context_mark
-    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+    def at(mark: yaml.Mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    problem, start = exc.problem_mark, exc.context_mark
+    context = exc.context or ""
+    # Where the construct that failed began (an unclosed `[`), when that is somewhere else.
+    if (
+        context
+        and start is not None
+        and (problem is None or (start.line, start.column) != (problem.line, problem.column))
+    ):
+        context += f" (from {at(start)})"
+    what = ", ".join(part for part in (context, exc.problem) if part)
+    mark = problem or start
+    return f"{at(mark)}: {what}" if mark is not None else what
 
 
 def describe_errors(error: ValidationError, model: type[BaseModel]) -> str:
