@@ -20,7 +20,7 @@ from webhook import probes
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
 from webhook.policy import drivers
-from webhook.policy.model import Policy, default_policy, parse_policy
+from webhook.policy.model import CONFIGMAP_KEY, Policy, default_policy, parse_policy
 from webhook.policy_store import FileWatcher, PolicyStore, policy_text
 
 if TYPE_CHECKING:
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
     from webhook.certs import controller as certificates
     from webhook.kube.client import ApiClient
-
-CONFIGMAP_KEY = "policy.yaml"
 
 log = logging.getLogger("gpuguard.manager")
 

@@ -62,4 +62,6 @@ _ManifestDumper.add_representer(str, _represent_str)
 
 def dump(obj: Any) -> str:
     """One YAML document, keys in the object's order, block style."""
-    return yaml.dump(obj, Dumper=_ManifestDumper, sort_keys=False, default_flow_style=False)
+    return yaml.dump(
+        obj, Dumper=_ManifestDumper, sort_keys=False, default_flow_style=False, allow_unicode=True
+    )

@@ -77,10 +77,21 @@ def test_policy_configmap_holds_the_documented_default(rendered: list[dict[str, 
     assert shipped[injected] == default_priority_classes()[injected]
 
 
+def test_the_single_install_manifest_is_deploy_rendered(control_plane: ControlPlane) -> None:
+    """deploy/install.yaml (for `kubectl apply -f`, no kustomize) is what deploy/ renders to, exactly."""
+    lines = (DEPLOY / "install.yaml").read_text().splitlines(keepends=True)
+    header = 0
+    while lines[header].startswith("# "):
+        header += 1
+    assert header > 0, "the generated file says where it comes from"
+    rendered = control_plane.kubectl("kustomize", str(DEPLOY)).stdout
+    assert "".join(lines[header:]) == rendered, "deploy/install.yaml is stale: run scripts/render-install"
+
+
 def _serve_args(container: dict[str, Any]) -> Any:
     # The arguments as the kubelet expands them, parsed by gpuguard's own command line.
     args = [arg.replace("$(POD_NAMESPACE)", NAMESPACE) for arg in container["args"]]
-    return cli._parser().parse_args(["serve", *args])
+    return cli.parser().parse_args(["serve", *args])
 
 
 def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, Any]]) -> None:

@@ -137,14 +137,18 @@ def test_an_injected_class_the_guard_would_deny_is_refused() -> None:
     ("text", "field"),
     [
         pytest.param(
-            "namespaces:\n- names: [Kube-System]\n  mode: audit\n", "namespaces.0.names.0", id="upper"
+            "namespaces:\n- names: [Kube-System]\n  mode: audit\n", "namespaces[0].names[0]", id="upper"
         ),
-        pytest.param("namespaces:\n- names: ['team a']\n  mode: audit\n", "namespaces.0.names.0", id="space"),
+        pytest.param(
+            "namespaces:\n- names: ['team a']\n  mode: audit\n", "namespaces[0].names[0]", id="space"
+        ),
         pytest.param("priorityClasses: {Gpu: 10}\n", "priorityClasses", id="class-name"),
     ],
 )
 def test_names_that_could_never_match_are_refused(text: str, field: str) -> None:
-    assert field in refusal(text)
+    message = refusal(text)
+    assert field in message
+    assert "is not a valid name: lower-case letters" in message
 
 
 def test_equivalent_policies_have_one_hash() -> None:

@@ -112,6 +112,24 @@ async def _send_json(send: Send, body: bytes, *, close: bool = False) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def _send_method_not_allowed(send: Send) -> None:
+    """The admission endpoints take a POSTed AdmissionReview; a GET (a browser, a curl without --data)
+    is told so, rather than answered 404 as if the endpoint did not exist."""
+    body = b'{"detail":"Method Not Allowed: POST an AdmissionReview"}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 405,
+            "headers": [
+                (b"allow", b"POST"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 class AdmissionApp:
     """ASGI entry point: admission POSTs handled here, everything else passed to `fallback` (the probes)."""
 
@@ -122,8 +140,11 @@ class AdmissionApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = ENDPOINTS.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
+        if endpoint is None:
             await self.fallback(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            await _send_method_not_allowed(send)
             return
         started = time.perf_counter()
         declared = _declared_length(scope)
