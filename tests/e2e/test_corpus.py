@@ -241,6 +241,7 @@ def test_corpus_manifest_is_accepted_and_mutated_when_it_uses_accelerators(
     applied = apply_file(control_plane, path, namespace)
     expected_untouched = NOT_ACCELERATOR_WORKLOADS.get(path.name, {})
 
+    assert applied.stored, f"{path.name}: nothing was applied, so nothing below would be checked"
     assert {key_of(obj) for obj in applied.stored} == set(applied.manifests)
     for stored in applied.stored:
         key = key_of(stored)

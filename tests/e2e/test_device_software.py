@@ -121,6 +121,12 @@ def test_vendor_device_plugin_daemonset_is_admitted_as_submitted(
 
 
 @pytest.mark.corpus
+def test_the_corpus_has_daemonsets() -> None:
+    # The parametrization below would otherwise be skipped as an empty set.
+    assert CORPUS_DAEMONSETS, f"no DaemonSet in {shared_corpus.CORPUS}"
+
+
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", CORPUS_DAEMONSETS, ids=[p.stem for p in CORPUS_DAEMONSETS])
 def test_corpus_daemonsets_pass_and_the_same_from_elsewhere_is_refused(
     control_plane: ControlPlane, namespace: str, path: Path

@@ -29,6 +29,7 @@ from .test_http import STOP_SECONDS, Server, start_server
 # How long a test waits for the server to act on a deadline of its own: generous, for a loaded machine.
 PATIENCE = max(HEADER_READ_SECONDS, BODY_READ_SECONDS) + 50.0
 DEPLOYMENT_MEMORY_LIMIT_MIB = 512
+CHURN_ROUNDS = 6
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +274,41 @@ def test_slow_large_bodies_hold_bounded_memory_that_returns(
     )
     assert peak < DEPLOYMENT_MEMORY_LIMIT_MIB / 2, f"RSS {idle:.0f} -> {peak:.0f} MiB"
     assert after < idle + 48, f"RSS {idle:.0f} -> {peak:.0f} -> {after:.0f} MiB"
+
+
+def test_rounds_of_connections_level_off_well_under_the_deployments_limit(
+    tmp_path: Path, summary: Callable[[str, str], None]
+) -> None:
+    # Rounds of connections up to the cap, each posting a review and closing: what a burst of API server
+    # connections does. Memory may grow over the first rounds (TLS buffers, allocator arenas), then levels off.
+    server = start_server(tmp_path)
+    body = admission_review(defaulted_gpu_pod(), uid="churn")
+    request = post_head("/mutate", len(body), b"Connection: close\r\n") + body
+    after_round: list[float] = []
+    try:
+        idle = rss_mib(server)
+        for _ in range(CHURN_ROUNDS):
+            streams = [connect(server) for _ in range(MAX_CONNECTIONS - 6)]  # a few slots to spare
+            for stream in streams:
+                stream.sendall(request)
+            statuses = [status_and_body(read_to_eof(stream))[0] for stream in streams]
+            for stream in streams:
+                stream.close()
+            assert statuses == [200] * len(streams)
+            with server.client() as client:  # every slot is back once they close
+                assert client.get("/healthz").status_code == 200
+            after_round.append(rss_mib(server))
+    finally:
+        server.stop()
+    figures = " -> ".join(f"{rss:.0f}" for rss in after_round)
+    summary(
+        "connection_churn_rss",
+        f"server RSS over {CHURN_ROUNDS} rounds of {MAX_CONNECTIONS - 6} connections: {idle:.0f} MiB idle, "
+        f"after each round {figures}",
+    )
+    assert max(after_round) < DEPLOYMENT_MEMORY_LIMIT_MIB / 4, f"RSS {idle:.0f} -> {figures} MiB"
+    # Level: the later rounds add little to what the second one left (the first warms the allocator).
+    assert after_round[-1] - after_round[1] < 32, f"RSS still growing: {idle:.0f} -> {figures} MiB"
 
 
 # --- SIGTERM under load -----------------------------------------------------------------------------
