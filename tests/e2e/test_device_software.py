@@ -1,11 +1,14 @@
 """trustedDeviceSoftware through `kubectl` on the real API server: device plugins and driver DaemonSets
 from the vendors' registries are admitted as submitted, the same software from anywhere else is refused
 at create, at `kubectl set image` and at `kubectl debug`, with a message naming container, image, mount
-and the trusted prefixes. (warn and audit: tests/e2e/test_modes.py.)"""
+and the trusted prefixes; in kube-system (through deploy/'s own webhook for it) and the GPU operator's
+namespaces, exempt from every other rule, it is the one still checked. (warn and audit:
+tests/e2e/test_modes.py.)"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +16,15 @@ import pytest
 import shared_corpus
 import yaml
 from controlplane import ControlPlane, wait_until
+from install_harness import DEPLOY
 from webhook_harness import (
     IMAGE,
     OWNER_LABEL,
     VALIDATING_WEBHOOK,
+    WebhookProcess,
+    gpu_pod,
     gpuguard_annotations,
+    pinned_to_gpu_nodes,
     read_back,
     submit,
 )
@@ -30,6 +37,8 @@ pytestmark = pytest.mark.usefixtures("gpuguard")
 
 UNTRUSTED = "quay.io/example/device-plugin:v1"
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+# deploy/'s webhook for kube-system, which the session's configuration leaves out.
+KUBE_SYSTEM_WEBHOOK = "device-software.gpuguard.io"
 TRUSTED = default_policy().rules.trustedDeviceSoftware
 # Every DaemonSet of the corpus: NVIDIA's device plugin, GPU feature discovery and DCGM exporter, AMD's
 # device plugin, GKE's NCCL/RDMA installer; all from their vendors' own registries.
@@ -276,3 +285,108 @@ def test_a_gpu_pod_is_not_device_software(control_plane: ControlPlane, namespace
     }
     submit(control_plane, "apply", pod)
     assert gpuguard_annotations(read_back(control_plane, pod))  # mutated as any GPU pod, not refused
+
+
+# --- the infrastructure namespaces: exempt from every rule but this one ------------------------------------
+
+KUBE_SYSTEM_CONFIGURATION = "gpuguard-e2e-kube-system"
+
+
+@pytest.fixture
+def kube_system_webhook(control_plane: ControlPlane, gpuguard: WebhookProcess) -> Iterator[None]:
+    """deploy/'s own kube-system webhook (device-software.gpuguard.io: its namespaceSelector, rules and
+    matchConditions as shipped in deploy/install.yaml) pointed at the session's gpuguard, failurePolicy
+    Fail so that an admission proves gpuguard said yes."""
+    shipped = [
+        doc
+        for doc in yaml.safe_load_all((DEPLOY / "install.yaml").read_text())
+        if doc and doc["kind"] == "ValidatingWebhookConfiguration"
+    ]
+    (webhook,) = [w for doc in shipped for w in doc["webhooks"] if w["name"] == KUBE_SYSTEM_WEBHOOK]
+    webhook |= {
+        "clientConfig": {"url": f"{gpuguard.url}/validate", "caBundle": gpuguard.ca_bundle_b64},
+        "failurePolicy": "Fail",
+    }
+    configuration = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": KUBE_SYSTEM_CONFIGURATION},
+        "webhooks": [webhook],
+    }
+    submit(control_plane, "apply", configuration)
+    try:
+        _gpuguard_sees(control_plane, "kube-system", True)
+        yield
+    finally:
+        control_plane.kubectl(
+            "delete", "validatingwebhookconfiguration", KUBE_SYSTEM_CONFIGURATION, "--ignore-not-found"
+        )
+
+
+@pytest.mark.corpus
+@pytest.mark.usefixtures("kube_system_webhook")
+@pytest.mark.parametrize("path", CORPUS_DAEMONSETS, ids=[p.stem for p in CORPUS_DAEMONSETS])
+def test_in_kube_system_corpus_daemonsets_pass_and_the_same_from_elsewhere_is_refused(
+    control_plane: ControlPlane, path: Path
+) -> None:
+    # Where most of them are published to run, through the webhook deploy/ ships for it (dry runs:
+    # nothing is left in kube-system).
+    manifest = corpus_daemonset(path, "kube-system")
+    admitted = submit(control_plane, "apply", manifest, "--dry-run=server", "-o", "json")
+    stored = json.loads(admitted.stdout)
+    assert not gpuguard_annotations(stored)
+    assert images_of(stored) == images_of(manifest)
+    for name in device_software_containers(manifest):
+        tampered = json.loads(json.dumps(manifest))
+        spec = tampered["spec"]["template"]["spec"]
+        for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+            if container["name"] == name:
+                container["image"] = UNTRUSTED
+        result = submit(control_plane, "apply", tampered, "--dry-run=server", check=False)
+        assert result.returncode != 0, f"{path.name}: {name} from {UNTRUSTED} was admitted in kube-system"
+        assert f'admission webhook "{KUBE_SYSTEM_WEBHOOK}" denied the request' in result.stderr, result.stderr
+        assert f" {name}: image {UNTRUSTED}" in result.stderr, result.stderr
+
+
+def test_in_a_gpu_operator_namespace_only_device_software_is_checked(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    # One of the default policy's infrastructure namespaces that the session's webhooks see (kube-system
+    # is kept from them). Created once and left: without kube-controller-manager a deleted namespace
+    # stays Terminating, and nothing else in the suite uses this one.
+    operator_namespace = "nvidia-gpu-operator"
+    submit(
+        control_plane,
+        "apply",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": operator_namespace}},
+    )
+
+    # Refused anywhere else by acceleratorNodeGuard; here admitted. A GPU pod is stored as submitted.
+    elsewhere = submit(
+        control_plane, "apply", pinned_to_gpu_nodes("validator", namespace), "--dry-run=server", check=False
+    )
+    assert elsewhere.returncode != 0 and "gpuguard acceleratorNodeGuard" in elsewhere.stderr, elsewhere.stderr
+    submit(control_plane, "apply", pinned_to_gpu_nodes("validator", operator_namespace), "--dry-run=server")
+    gpu = json.loads(
+        submit(
+            control_plane, "apply", gpu_pod("cuda", operator_namespace), "--dry-run=server", "-o", "json"
+        ).stdout
+    )
+    assert not gpuguard_annotations(gpu)
+    assert "priorityClassName" not in gpu["spec"]
+    # Device software from an untrusted registry is refused there as everywhere.
+    result = submit(
+        control_plane,
+        "apply",
+        device_plugin_daemonset("plugin", operator_namespace, UNTRUSTED),
+        "--dry-run=server",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert_refused_naming(result.stderr, "container plugin", f"image {UNTRUSTED}")
+    submit(
+        control_plane,
+        "apply",
+        device_plugin_daemonset("plugin", operator_namespace, "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"),
+        "--dry-run=server",
+    )

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from webhook.policy import engine, hostpaths, images
-from webhook.policy.model import Policy, PolicyError
+from webhook.policy.model import RULE_IDS, Policy, PolicyError
 from webhook.policy.rules import device_mount
 
 from .builders import JSON, make_policy, pod, templated, validate_review
@@ -168,6 +168,43 @@ def test_trusted_prefixes(policy: Policy, image: str, trusted: bool) -> None:
     assert bool(denials(device_pod(plugin_container(image)), policy)) is not trusted
 
 
+# Each vendor's device software as it ships: its image and the device node or directory it mounts.
+VENDORS = [
+    pytest.param(NVIDIA, "/dev/nvidia0", "/dev/nvidia*", id="nvidia"),
+    pytest.param(
+        "nvcr.io/nvidia/driver:570.124.06-ubuntu22.04", "/run/nvidia", "/run/nvidia", id="nvidia-driver"
+    ),
+    pytest.param("docker.io/rocm/k8s-device-plugin:1.31.0.6", "/dev/kfd", "/dev/kfd", id="amd"),
+    pytest.param("rocm/k8s-device-plugin:labeller-1.31.0.6", "/dev/dri", "/dev/dri", id="amd-labeller"),
+    pytest.param("intel/intel-gpu-plugin:0.32.0", "/dev/dri", "/dev/dri", id="intel-gpu"),
+    pytest.param("docker.io/intel/intel-npu-plugin:0.32.0", "/dev/accel", "/dev/accel*", id="intel-npu"),
+    pytest.param(
+        "vault.habana.ai/docker-k8s-device-plugin/docker-k8s-device-plugin:1.19.1",
+        "/dev/hl0",
+        "/dev/hl*",
+        id="habana",
+    ),
+    pytest.param(
+        "public.ecr.aws/neuron/neuron-device-plugin:2.22.4.0", "/dev/neuron0", "/dev/neuron*", id="neuron"
+    ),
+    pytest.param("gke.gcr.io/tpu-device-plugin:v1.0.0", "/dev/accel0", "/dev/accel*", id="tpu"),
+    pytest.param("gke.gcr.io/tpu-device-plugin:v1.0.0", "/dev/vfio", "/dev/vfio", id="tpu-vfio"),
+]
+
+
+@pytest.mark.parametrize(("image", "device_path", "pattern"), VENDORS)
+def test_every_vendors_software_is_recognised_and_trusted_by_default(
+    policy: Policy, image: str, device_path: str, pattern: str
+) -> None:
+    # The default patterns see it as device software even without the kubelet's directories...
+    mount = device_mount(plugin_container(image), {"host": device_path}, policy.rules.trustedDeviceSoftware)
+    assert mount is not None and mount.pattern == pattern
+    # ...the default prefixes trust it from its vendor, and the same software from elsewhere is refused.
+    assert denials(device_pod(plugin_container(image), path=device_path), policy) == []
+    (message,) = denials(device_pod(plugin_container(UNTRUSTED), path=device_path), policy)
+    assert f"mounts hostPath {device_path}" in message
+
+
 def test_one_repository_without_a_trailing_slash() -> None:
     policy = make_policy(
         {"rules": {"trustedDeviceSoftware": {"trustedImages": ["quay.io/example/device-plugin"]}}}
@@ -303,12 +340,24 @@ def test_a_pod_whose_image_is_changed_in_place_is_refused(policy: Policy) -> Non
 # --- modes, namespaces and the engine's other rules ----------------------------------------------------
 
 
-def test_infrastructure_namespaces_are_checked_by_default(policy: Policy) -> None:
-    # Device software lives in kube-system and the GPU operator's namespaces: every other rule is off there.
-    for namespace in ("kube-system", "gpu-operator"):
-        assert policy.mode_for("trustedDeviceSoftware", namespace) == "enforce"
-        assert policy.mode_for("acceleratorNodeGuard", namespace) == "off"
-        assert denials(device_pod(), policy, namespace=namespace)
+INFRASTRUCTURE_NAMESPACES = [
+    "kube-system",
+    "kube-node-lease",
+    "gpu-operator",
+    "gpu-operator-resources",
+    "nvidia-gpu-operator",
+]
+
+
+@pytest.mark.parametrize("namespace", INFRASTRUCTURE_NAMESPACES)
+def test_infrastructure_namespaces_are_checked_by_default(policy: Policy, namespace: str) -> None:
+    # Device software lives in kube-system and the GPU operator's namespaces: every other rule is off
+    # there (a rule added later included), this one follows the global mode.
+    assert {rule: policy.mode_for(rule, namespace) for rule in RULE_IDS} == {
+        rule: "enforce" if rule == "trustedDeviceSoftware" else "off" for rule in RULE_IDS
+    }
+    assert denials(device_pod(), policy, namespace=namespace)
+    assert denials(device_pod(plugin_container(NVIDIA)), policy, namespace=namespace) == []
 
 
 @pytest.mark.parametrize("mode", ["warn", "audit"])

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook import cli
+from webhook.cli.nodes import drivers_table
 from webhook.metrics import Metrics
 from webhook.policy import drivers, engine, nodeaffinity, patch
 from webhook.policy.facts import ClusterFacts, NodeInfo, nodes_of
@@ -511,16 +512,16 @@ def test_driver_versions_by_pool_and_product(policy: Policy) -> None:
         ("serve", "NVIDIA-L4", 1, {"550.54.15": 1}, False),
         ("train", "NVIDIA-H100-80GB-HBM3", 2, {"570.124.06": 1, "570.86.15": 1}, True),
     ]
-    text = drivers.table(pools)
+    text = drivers_table(pools)
     assert "570.124.06 (1), 570.86.15 (1)" in text and text.splitlines()[2].endswith("MIXED")
-    assert text.splitlines()[-1] == "2 pool(s) with GPU nodes, 1 with mixed driver or CUDA versions"
+    assert text.splitlines()[-1] == "2 GPU pools: 1 mixed, 1 on one driver and CUDA version"
 
 
 def test_nodes_without_a_pool_label_or_full_version(policy: Policy) -> None:
     old_gfd = {"kind": "Node", "metadata": {"name": "x", "labels": {MAJOR: "535"}}}
     (pool,) = drivers.summarise(nodes_of([old_gfd]), policy.rules.driverCompatibility.nodeLabels)
     assert (pool.pool, pool.product, dict(pool.drivers)) == (drivers.NO_POOL, drivers.UNKNOWN, {"535": 1})
-    assert drivers.table([]).endswith("no node carries a GPU product or driver label\n")
+    assert drivers_table([]) == "no node carries a GPU product or driver label\n"
 
 
 def test_nodes_drivers_command_reads_a_node_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,8 @@
 
 Three kinds: ```console sessions are run in a copy of examples/ and their output compared (a line
 `...` stands for any lines, `...` inside a line for any text); every `gpuguard` command line in a
-```bash block must parse; the block that talks to `./scripts/serve` runs against a real server.
+```bash block must parse; the block that talks to `./scripts/serve` runs against a real server. And
+its tables name every rule and every policy key.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from webhook import cli
+from webhook.policy.model import RULE_IDS
 
 from .builders import EXAMPLES, REPO_ROOT
 from .test_http import start_server
@@ -154,3 +157,24 @@ def test_the_curl_examples_against_a_server(tmp_path: Path) -> None:
                 assert result.stdout.startswith("policy "), result.stdout
     finally:
         server.stop()
+
+
+def table_keys() -> set[str]:
+    """The first cells of the README's tables, where they are code: rule ids, policy keys, paths."""
+    return set(re.findall(r"^\| `([^`]+)` \|", README.read_text(), re.MULTILINE))
+
+
+def policy_keys(node: object, path: str = "") -> Iterator[str]:
+    # priorityClasses maps class names (the user's) to values: the key itself is the documented one.
+    if isinstance(node, dict) and path != "priorityClasses":
+        for key, value in node.items():
+            yield from policy_keys(value, f"{path}.{key}" if path else key)
+    else:
+        yield path
+
+
+def test_every_policy_key_and_rule_is_in_the_readme() -> None:
+    documented = table_keys()
+    default = yaml.safe_load((REPO_ROOT / "webhook" / "default-policy.yaml").read_text())
+    assert [key for key in policy_keys(default) if key not in documented] == []
+    assert [rule for rule in RULE_IDS if rule not in documented] == []

@@ -24,8 +24,32 @@ def run_drivers(args: argparse.Namespace) -> int:
         nodes = list_nodes(api_client(args.kubeconfig))
     labels = inputs.load_policy(args.policy).rules.driverCompatibility.nodeLabels
     pools = drivers.summarise(nodes, labels)
-    sys.stdout.write(drivers.table(pools))
+    sys.stdout.write(drivers_table(pools))
     return output.EXIT_FAILED if any(pool.mixed for pool in pools) else output.EXIT_OK
+
+
+def drivers_table(pools: list[drivers.PoolDrivers]) -> str:
+    """One line per pool and GPU product, MIXED where its nodes disagree, then the summary line."""
+    if not pools:
+        return "no node carries a GPU product or driver label\n"
+    rows = [
+        (
+            pool.pool,
+            pool.product,
+            pool.nodes,
+            drivers.versions_text(pool.drivers),
+            drivers.versions_text(pool.cuda),
+            "MIXED" if pool.mixed else "",
+        )
+        for pool in pools
+    ]
+    mixed = sum(pool.mixed for pool in pools)
+    outcomes = [("mixed", mixed), ("on one driver and CUDA version", len(pools) - mixed)]
+    return (
+        output.table(("pool", "product", "nodes", "driver", "cuda", ""), rows)
+        + output.summary(len(pools), "GPU pool", outcomes)
+        + "\n"
+    )
 
 
 def register(commands: output.Commands) -> None:

@@ -60,27 +60,8 @@ def summarise(nodes: Mapping[str, NodeInfo], keys: DriverNodeLabels) -> list[Poo
     ]
 
 
-def _versions(counts: Mapping[str, int]) -> str:
+def versions_text(counts: Mapping[str, int]) -> str:
+    """`570.124.06` when a pool agrees, `550.54.15 (1), 570.124.06 (1)` (nodes each) when it does not."""
     if len(counts) == 1:
         return next(iter(counts))
     return ", ".join(f"{version} ({count})" for version, count in counts.items())
-
-
-def table(pools: list[PoolDrivers]) -> str:
-    """What `gpuguard nodes drivers` prints: one line per pool and product, MIXED where versions differ."""
-    rows = [("POOL", "PRODUCT", "NODES", "DRIVER", "CUDA", "")]
-    rows += [
-        (p.pool, p.product, str(p.nodes), _versions(p.drivers), _versions(p.cuda), "MIXED" if p.mixed else "")
-        for p in pools
-    ]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
-    mixed = sum(p.mixed for p in pools)
-    lines.append(
-        f"{len(pools)} pool(s) with GPU nodes, {mixed} with mixed driver or CUDA versions"
-        if pools
-        else "no node carries a GPU product or driver label"
-    )
-    return "\n".join(lines) + "\n"
