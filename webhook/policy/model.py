@@ -39,6 +39,9 @@ MUTATING_RULES: tuple[RuleId, ...] = (
     "priority",
 )
 RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard")
+# What the controllers may do to a node or a pod, each with its own mode (`health.actions`).
+HealthAction = Literal["condition", "taint", "evict", "drain"]
+HEALTH_ACTIONS: tuple[HealthAction, ...] = ("condition", "taint", "evict", "drain")
 SYSTEM_PRIORITY_PREFIX = "system-"
 HIGHEST_USER_PRIORITY = 1_000_000_000
 
@@ -52,6 +55,20 @@ ModeField = Annotated[Mode, BeforeValidator(_yaml_off_is_off)]
 ExitCode = Annotated[int, Field(ge=1, le=255)]
 # The API server wants exit codes sorted and unique; normalising here lets users write them in any order.
 ExitCodes = Annotated[list[ExitCode], AfterValidator(lambda codes: sorted(set(codes)))]
+# A number of nodes, or a share of them written "20%" (rounded up, as Karpenter and NHC round).
+CountOrPercent = Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=r"^(100|[1-9]?[0-9])%$")]
+
+
+def _condition_status(value: object) -> object:
+    # YAML reads an unquoted `status: False` as a boolean; a node condition's status is the string.
+    return str(value) if isinstance(value, bool) else value
+
+
+def scaled_count(value: int | str, total: int) -> int:
+    """`value` as a number of nodes out of `total`: a count as is, a percentage rounded up."""
+    if isinstance(value, int):
+        return value
+    return -(-total * int(value.rstrip("%")) // 100)
 
 
 class PolicyError(ValueError):
@@ -204,18 +221,139 @@ class LabelSelector(_Model):
 
 
 class NamespaceOverride(_Model):
-    """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access)."""
+    """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access).
+
+    `mode` and `rules` are the admission rules' modes there; `health` is the mode of what the
+    controllers do to pods there (evictions), which admission modes never change.
+    """
 
     names: list[str] = Field(default_factory=list)
     selector: LabelSelector | None = None
     mode: ModeField | None = None
     rules: dict[RuleId, ModeField] = Field(default_factory=dict)
+    health: ModeField | None = None
 
     @model_validator(mode="after")
     def _names_or_selector(self) -> NamespaceOverride:
         if bool(self.names) == (self.selector is not None):
             raise ValueError("give exactly one of names and selector")
         return self
+
+
+# --- health: what the controllers watch and may do -------------------------------------------------
+
+
+class HealthActionMode(_Model):
+    mode: ModeField | None = None
+
+
+class DrainAction(HealthActionMode):
+    # Share of a node's accelerator devices (percent) that must have failed before it is drained.
+    threshold: int = Field(ge=1, le=100)
+
+
+class HealthActions(_Model):
+    condition: HealthActionMode
+    taint: HealthActionMode
+    evict: HealthActionMode
+    drain: DrainAction
+
+
+class DeviceGapSignal(_Model):
+    forSeconds: int = Field(ge=0)
+
+
+class DevicePluginSignal(_Model):
+    # The device plugin's pods: any selector matching (in `namespaces`, or anywhere when empty).
+    selectors: list[LabelSelector]
+    namespaces: list[str]
+    notReadyForSeconds: int = Field(ge=0)
+    # After the plugin (re)starts, allocatable 0 means it has not registered yet, not dead devices.
+    restartGraceSeconds: int = Field(ge=0)
+    capacityVanishedForSeconds: int = Field(ge=0)
+
+    def matches(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        if self.namespaces and namespace not in self.namespaces:
+            return False
+        return any(selector.matches(labels) for selector in self.selectors)
+
+
+class NodeConditionSignal(_Model):
+    type: str = Field(min_length=1, max_length=316)
+    status: Annotated[Literal["True", "False", "Unknown"], BeforeValidator(_condition_status)]
+    forSeconds: int = Field(ge=0)
+
+
+class PodDeviceHealthSignal(_Model):
+    unknownForSeconds: int = Field(ge=0)
+
+
+class CorrelationSignal(_Model):
+    windowSeconds: int = Field(ge=1)
+    minFailures: int = Field(ge=1)
+
+
+class HealthSignals(_Model):
+    deviceGap: DeviceGapSignal
+    devicePlugin: DevicePluginSignal
+    nodeConditions: list[NodeConditionSignal]
+    podDeviceHealth: PodDeviceHealthSignal
+    correlation: CorrelationSignal
+
+    @model_validator(mode="after")
+    def _condition_types_unique(self) -> HealthSignals:
+        types = [condition.type for condition in self.nodeConditions]
+        if len(types) != len(set(types)):
+            raise ValueError("nodeConditions: each condition type may be listed once")
+        return self
+
+
+class Recovery(_Model):
+    afterSeconds: int = Field(ge=0)
+
+
+class Eviction(_Model):
+    retrySeconds: int = Field(ge=1)
+    maxRetrySeconds: int = Field(ge=1)
+    timeoutSeconds: int = Field(ge=1)
+    perNodePerMinute: int = Field(ge=1)
+    perNamespacePerMinute: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _retry_order(self) -> Eviction:
+        if self.maxRetrySeconds < self.retrySeconds:
+            raise ValueError(
+                f"maxRetrySeconds ({self.maxRetrySeconds}) must be at least retrySeconds ({self.retrySeconds})"
+            )
+        return self
+
+
+class Budget(_Model):
+    maxUnhealthy: CountOrPercent
+
+
+class CircuitBreaker(_Model):
+    maxNodes: CountOrPercent
+    windowSeconds: int = Field(ge=1)
+
+
+class Health(_Model):
+    enabled: bool
+    mode: ModeField
+    paused: bool
+    actions: HealthActions
+    nodeSelector: LabelSelector
+    poolLabels: list[str]
+    othersRemediatingTaints: list[str]
+    signals: HealthSignals
+    recovery: Recovery
+    eviction: Eviction
+    budget: Budget
+    circuitBreaker: CircuitBreaker
+
+    def pool_of(self, labels: Mapping[str, str]) -> str:
+        """The node's pool: the value of the first of `poolLabels` it carries; "" for none."""
+        return next((labels[key] for key in self.poolLabels if key in labels), "")
 
 
 class Policy(_Model):
@@ -225,6 +363,7 @@ class Policy(_Model):
     rules: Rules
     priorityClasses: dict[str, Annotated[int, Field(le=HIGHEST_USER_PRIORITY)]]
     namespaces: list[NamespaceOverride]
+    health: Health
     _hash: str = PrivateAttr(default="")
 
     @property
@@ -278,6 +417,24 @@ class Policy(_Model):
             if override.mode is not None:
                 return override.mode
         return self.rule(rule).mode or self.mode
+
+    def health_mode(
+        self, action: HealthAction, namespace: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> Mode:
+        """The mode of one controller action: off when either kill switch is off, else the
+        namespace's `health` (evictions only), the action's own mode, then `health.mode`.
+
+        The admission modes (top-level `mode`, a namespace's `mode` and `rules`) never reach here:
+        a team enforcing admission rules has not asked for its pods to be evicted.
+        """
+        if not self.enabled or not self.health.enabled:
+            return "off"
+        if action == "evict" and namespace is not None:
+            override = self.namespace_override(namespace, labels)
+            if override is not None and override.health is not None:
+                return override.health
+        action_mode: HealthActionMode = getattr(self.health.actions, action)
+        return action_mode.mode or self.health.mode
 
     def priority_value(self, class_name: str) -> int | None:
         return self.priorityClasses.get(class_name)
