@@ -7,6 +7,9 @@ gpuguard review [--validate] FILE|-               prints the AdmissionReview ans
 gpuguard policy check FILE | policy default | policy status [--url URL --cacert FILE]
 gpuguard certs generate [--dir certs] [--service NAME --namespace NS] [--san NAME]
 gpuguard certs rotate --secret NS/NAME            starts a CA rotation the running replicas complete
+gpuguard controllers [--port 8081] [--policy-configmap NS/NAME] [--namespace NS]
+                                                  the node health controller and pod device-health watcher
+gpuguard nodes [explain NODE | reset-breaker]     device health of the accelerator nodes
 """
 
 from __future__ import annotations
@@ -232,6 +235,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_controllers(args: argparse.Namespace) -> int:
+    from webhook.controllers import manager  # the Kubernetes client and uvicorn only to run them
+
+    logs.configure()
+    options = manager.Options(
+        namespace=args.namespace,
+        host=args.host,
+        port=args.port,
+        kubeconfig=args.kubeconfig,
+        policy_file=Path(args.policy) if args.policy else None,
+        policy_configmap=args.policy_configmap,
+        identity=args.identity or "",
+        # Unset: the Lease's defaults (15 s, 10 s, 2 s), as controller-runtime's.
+        **{
+            name: value
+            for name, value in (
+                ("lease_seconds", args.lease_duration),
+                ("renew_deadline", args.renew_deadline),
+                ("retry_seconds", args.retry_period),
+            )
+            if value is not None
+        },
+    )
+    return manager.run(options)
+
+
 def cmd_policy_status(args: argparse.Namespace) -> int:
     context = ssl.create_default_context(cafile=args.cacert)
     with urllib.request.urlopen(f"{args.url.rstrip('/')}/policy", context=context, timeout=5) as response:
@@ -297,6 +326,35 @@ def _parser() -> argparse.ArgumentParser:
         help="cache PriorityClasses, namespaces, nodes and DRA claims (auto: when cluster access is configured)",
     )
     serve.set_defaults(run=cmd_serve)
+
+    controllers = with_policy(
+        commands.add_parser(
+            "controllers", help="run the node health controller and the pod device-health watcher"
+        )
+    )
+    controllers.add_argument("--host", default="0.0.0.0")
+    controllers.add_argument(
+        "--port", type=int, default=8081, help="plain HTTP: /healthz, /readyz, /metrics, /policy"
+    )
+    controllers.add_argument(
+        "--policy-configmap",
+        metavar="NAMESPACE/NAME",
+        help="watch this ConfigMap's policy.yaml key and apply changes live",
+    )
+    controllers.add_argument("--kubeconfig", help="cluster credentials; in a pod the service account is used")
+    controllers.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", "gpuguard"),
+        help="where the Lease and the circuit breaker's ConfigMap live (default: $POD_NAMESPACE or gpuguard)",
+    )
+    controllers.add_argument("--identity", help="this replica's name in the Lease (default: hostname_random)")
+    for flag, meaning in (
+        ("--lease-duration", "how long a standby waits on a silent leader (default 15)"),
+        ("--renew-deadline", "how long the leader may fail to renew before it stops (default 10)"),
+        ("--retry-period", "how often the Lease is renewed or tried (default 2)"),
+    ):
+        controllers.add_argument(flag, type=float, metavar="SECONDS", help=meaning)
+    controllers.set_defaults(run=cmd_controllers)
 
     for name, run, help_text in (
         ("mutate", cmd_mutate, "print the manifests as gpuguard would mutate them"),

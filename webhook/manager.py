@@ -19,15 +19,13 @@ from webhook import probes
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
 from webhook.policy.model import Policy, default_policy, parse_policy
-from webhook.policy_store import FileWatcher, PolicyStore
+from webhook.policy_store import CONFIGMAP_KEY, FileWatcher, PolicyStore
 
 if TYPE_CHECKING:
     import uvicorn
 
     from webhook.certs import controller as certificates
     from webhook.kube.client import ApiClient
-
-CONFIGMAP_KEY = "policy.yaml"
 
 log = logging.getLogger("gpuguard.manager")
 

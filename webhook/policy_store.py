@@ -18,6 +18,8 @@ from webhook.policy.model import Policy, PolicyError, parse_policy
 
 log = logging.getLogger("gpuguard.policy")
 FILE_POLL_SECONDS = 1.0
+# The key of the policy ConfigMap (--policy-configmap) that holds the policy YAML.
+CONFIGMAP_KEY = "policy.yaml"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """A throwaway Kubernetes control plane (etcd + kube-apiserver) on loopback, for end-to-end tests.
 
-Modelled on controller-runtime's envtest: no
-kube-controller-manager, no scheduler, no nodes. So pods stay Pending, namespaces never finish
-deleting, and the ServiceAccount admission plugin is disabled (nothing creates `default` SAs).
+Modelled on controller-runtime's envtest: by default no kube-controller-manager, no scheduler, no
+nodes. So pods stay Pending, namespaces never finish deleting, and the ServiceAccount admission
+plugin is disabled (nothing creates `default` SAs). `start_controller_manager` adds the real one,
+running only the controllers a test names.
 """
 
 from __future__ import annotations
@@ -306,6 +307,39 @@ class ControlPlane:
             "--profiling=false",
         ]
         return self._spawn(argv, self.apiserver_log)
+
+    def start_controller_manager(
+        self, *, controllers: Sequence[str], flags: Mapping[str, str] | None = None, timeout: float = 60.0
+    ) -> Process:
+        """The real kube-controller-manager running `controllers` (names as `--controllers` takes them)
+        under the admin's credentials, serving on a free loopback port. Waits for /healthz; stopped with
+        the control plane."""
+        (port,) = free_ports(1)
+        all_flags = {
+            "kubeconfig": str(self.kubeconfig),
+            "bind-address": LOOPBACK,
+            "secure-port": str(port),
+            "tls-cert-file": str(self.pki.serving_cert),
+            "tls-private-key-file": str(self.pki.serving_key),
+            "leader-elect": "false",
+            "controllers": ",".join(controllers),
+            "profiling": "false",
+            **(flags or {}),
+        }
+        log_path = self.workdir / "kube-controller-manager.log"
+        argv: list[str | Path] = [
+            self.bin_dir / "kube-controller-manager",
+            *(f"--{name}={value}" for name, value in all_flags.items()),
+        ]
+        process = self._spawn(argv, log_path)
+        context = ssl.create_default_context(cafile=str(self.pki.ca))  # /healthz is open to anyone
+        wait_until(
+            lambda: http_get(port, "/healthz", context)[0] == 200,
+            timeout=timeout,
+            what="kube-controller-manager /healthz",
+            process=process,
+        )
+        return process
 
     def _spawn(self, argv: Sequence[str | Path], log_path: Path) -> Process:
         process = spawn(argv, log_path, without_proxies(), cwd=self.workdir)

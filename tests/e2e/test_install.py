@@ -92,7 +92,7 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     spread = {c["topologyKey"]: c["whenUnsatisfiable"] for c in pod["topologySpreadConstraints"]}
     assert spread["kubernetes.io/hostname"] == "DoNotSchedule"
-    budget = find(rendered, "PodDisruptionBudget")
+    budget = find(rendered, "PodDisruptionBudget", "gpuguard")
     assert budget["spec"]["minAvailable"] == 1
     assert (
         budget["spec"]["selector"]["matchLabels"].items()

@@ -77,6 +77,16 @@ class Taint:
     key: str
     value: str
     effect: str
+    # Kept so that a rewritten taint list leaves others' NoExecute taints exactly as they were.
+    time_added: str = ""
+
+    def to_raw(self) -> dict[str, str]:
+        raw = {"key": self.key, "effect": self.effect}
+        if self.value:
+            raw["value"] = self.value
+        if self.time_added:
+            raw["timeAdded"] = self.time_added
+        return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +254,12 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts | None:
         else:
             conditions[condition["type"]] = str(condition.get("status", ""))
     taints = tuple(
-        Taint(str(taint.get("key", "")), str(taint.get("value", "")), str(taint.get("effect", "")))
+        Taint(
+            str(taint.get("key", "")),
+            str(taint.get("value", "")),
+            str(taint.get("effect", "")),
+            str(taint.get("timeAdded") or ""),
+        )
         for taint in spec.get("taints") or []
         if isinstance(taint, dict)
     )
@@ -737,7 +752,7 @@ def plan_node(
                 record.draining_since is None
                 and assessment.failed_share * 100 >= health.actions.drain.threshold
             ):
-                # A drain that started goes on while the breaker is open; a new one waits.
+                # A node the breaker finds cordoned stays so; no new drain starts while it is open.
                 drain_held = held or ("circuit breaker open" if fleet.breaker_open else "")
                 wanted, record = _step(
                     ladder,
