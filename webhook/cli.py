@@ -261,6 +261,38 @@ def cmd_controllers(args: argparse.Namespace) -> int:
     return manager.run(options)
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from webhook.controllers import report  # the Kubernetes client only with cluster access
+    from webhook.kube.client import ApiError, api_client
+
+    now = datetime.datetime.now(datetime.UTC)
+    configmap = args.policy_configmap or f"{args.namespace}/gpuguard-policy"
+    try:
+        api = api_client(args.kubeconfig)
+        if args.nodes_command == "reset-breaker":
+            closed = report.reset_breaker(api, args.namespace, now)
+            print("circuit breaker closed" if closed else "circuit breaker is not open: nothing to do")
+            return 0
+        policy, source = report.read_policy(api, configmap, args.policy)
+        cluster = report.read_cluster(api, args.namespace)
+    except ApiError as exc:
+        print(f"gpuguard: {exc.status} {exc.reason}", file=sys.stderr)
+        return EXIT_DENIED
+    plans = report.plans(cluster, policy, now)
+    if args.nodes_command == "explain":
+        plan = next((p for p in plans if p.assessment.node == args.node), None)
+        if plan is None:
+            print(
+                f"gpuguard: node {args.node} is not an accelerator node the policy selects", file=sys.stderr
+            )
+            return EXIT_DENIED
+        sys.stdout.write(report.explain(plan, policy, cluster.breaker, now))
+        return 0
+    sys.stdout.write(report.table(plans, cluster.breaker, now))
+    print(f"policy {policy.hash} from {source}", file=sys.stderr)
+    return 0
+
+
 def cmd_policy_status(args: argparse.Namespace) -> int:
     context = ssl.create_default_context(cafile=args.cacert)
     with urllib.request.urlopen(f"{args.url.rstrip('/')}/policy", context=context, timeout=5) as response:
@@ -355,6 +387,24 @@ def _parser() -> argparse.ArgumentParser:
     ):
         controllers.add_argument(flag, type=float, metavar="SECONDS", help=meaning)
     controllers.set_defaults(run=cmd_controllers)
+
+    nodes = with_policy(commands.add_parser("nodes", help="device health of the accelerator nodes"))
+    nodes.add_argument("--kubeconfig", help="cluster credentials; in a pod the service account is used")
+    nodes.add_argument(
+        "--namespace",
+        default="gpuguard",
+        help="where the controllers keep the circuit breaker's ConfigMap (default: %(default)s)",
+    )
+    nodes.add_argument(
+        "--policy-configmap",
+        metavar="NAMESPACE/NAME",
+        help="the policy the controllers run (default: NAMESPACE/gpuguard-policy, else the embedded one)",
+    )
+    nodes.set_defaults(run=cmd_nodes, nodes_command=None)
+    nodes_commands = nodes.add_subparsers(dest="nodes_command")
+    explain = nodes_commands.add_parser("explain", help="signals, record, budget and next steps of one node")
+    explain.add_argument("node")
+    nodes_commands.add_parser("reset-breaker", help="close an open circuit breaker (an operator's decision)")
 
     for name, run, help_text in (
         ("mutate", cmd_mutate, "print the manifests as gpuguard would mutate them"),

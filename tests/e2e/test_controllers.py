@@ -129,3 +129,166 @@ def test_a_persisting_device_gap_gets_the_condition_the_event_and_the_taint_and_
     assert own_condition(cluster, name) is None
     assert record(cluster, name) is None
     eventually(lambda: "NodeRecovered" in reasons(cluster, kind="Node", name=name), what="NodeRecovered")
+
+
+def test_the_plugin_restart_and_kubelet_restart_patterns_get_no_action(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    # Long plugin and capacity waits: only a device gap could act within this test, and it must not.
+    policy = fast_policy(
+        test_id, signals={"devicePlugin": {"notReadyForSeconds": 600, "capacityVanishedForSeconds": 600}}
+    )
+    controllers = start(policy)
+    # The plugin pod restarts: the kubelet marks every device unhealthy until it registers again.
+    restarting = kubelet.node(f"{test_id}-plugin")
+    kubelet.device_plugin(restarting, ready=False, started_seconds_ago=5)
+    kubelet.devices(restarting, capacity=8, allocatable=0)
+    # The kubelet restarts: capacity reads 0 until the plugin registers.
+    rebooted = kubelet.node(f"{test_id}-kubelet")
+    kubelet.devices(rebooted, capacity=0, allocatable=0)
+    # A node that fails for real, changed last. One worker takes nodes in order and requeues each at
+    # its due time, so once this one is tainted, either of the others would have been before it.
+    control = kubelet.node(f"{test_id}-control")
+    kubelet.devices(control, capacity=8, allocatable=6)
+
+    eventually(
+        lambda: TAINT in taints(cluster, control), what="the control node tainted", processes=[controllers]
+    )
+    for name in (restarting, rebooted):
+        assert TAINT not in taints(cluster, name), name
+        assert own_condition(cluster, name) is None, name
+        assert not any(
+            key.startswith("deviceGap") for key in (record(cluster, name) or {}).get("signals", {})
+        )
+    assert "deviceGap" not in reasons(cluster, kind="Node", name=restarting)
+
+    # The plugin is back: every device healthy, nothing left of the suspicion.
+    kubelet.device_plugin(restarting, ready=True, started_seconds_ago=5)
+    kubelet.devices(restarting, capacity=8, allocatable=8)
+    kubelet.devices(rebooted, capacity=8, allocatable=8)
+    eventually(
+        lambda: record(cluster, restarting) is None and record(cluster, rebooted) is None,
+        what="the suspicions dropped",
+        processes=[controllers],
+    )
+
+
+# --- pods ----------------------------------------------------------------------------------------------
+
+
+def disruption_target(pod: dict[str, Any]) -> dict[str, Any] | None:
+    conditions = pod["status"].get("conditions") or []
+    return next((c for c in conditions if c["type"] == "DisruptionTarget"), None)
+
+
+def test_a_pod_on_an_unhealthy_device_is_evicted_and_its_neighbour_on_a_healthy_one_is_not(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, ns: str
+) -> None:
+    controllers = start(fast_policy(test_id))
+    name = kubelet.node(f"{test_id}-a")
+    for pod, device in (("trainer", "GPU-1"), ("neighbour", "GPU-2")):
+        kubelet.gpu_pod(pod, ns, name)
+        kubelet.running(ns, pod, devices={device: "Healthy"})
+
+    kubelet.device_health(ns, "trainer", {"GPU-1": "Unhealthy"})
+
+    def evicted() -> bool:
+        pod = cluster.kubectl_json("get", "pod", "trainer", "-n", ns)
+        return pod["metadata"].get("deletionTimestamp") is not None
+
+    eventually(evicted, what="the trainer evicted", processes=[controllers])
+    trainer = cluster.kubectl_json("get", "pod", "trainer", "-n", ns)
+    target = disruption_target(trainer)
+    assert target is not None and target["reason"] == "EvictionByEvictionAPI"
+    neighbour = cluster.kubectl_json("get", "pod", "neighbour", "-n", ns)
+    assert neighbour["metadata"].get("deletionTimestamp") is None and disruption_target(neighbour) is None
+    eventually(
+        lambda: "PodEvicted" in reasons(cluster, kind="Pod", name="trainer", namespace=ns), what="PodEvicted"
+    )
+    assert controllers.metric("gpuguard_remediations_total", action="evict", outcome="done") == 1
+    kubelet.finish_deletion(ns, "trainer")
+
+
+def test_a_disruption_budget_holds_the_eviction_and_the_controller_reports_it_stuck(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, ns: str
+) -> None:
+    controllers = start(fast_policy(test_id))
+    name = kubelet.node(f"{test_id}-a")
+    for pod, device in (("serve-0", "GPU-1"), ("serve-1", "GPU-2")):
+        kubelet.gpu_pod(pod, ns, name, labels={"app": "serve"})
+        kubelet.running(ns, pod, devices={device: "Healthy"})
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "serve", "namespace": ns},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "serve"}}},
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(budget))
+
+    def allowed() -> int | None:
+        status = cluster.kubectl_json("get", "pdb", "serve", "-n", ns).get("status") or {}
+        return status.get("disruptionsAllowed") if status.get("currentHealthy") == 2 else None
+
+    eventually(lambda: allowed() == 0, what="the disruption controller counting the budget")
+
+    kubelet.device_health(ns, "serve-0", {"GPU-1": "Unhealthy"})
+    eventually(
+        lambda: "EvictionStuck" in reasons(cluster, kind="Pod", name="serve-0", namespace=ns),
+        what="the eviction reported stuck",
+        processes=[controllers],
+    )
+    assert "EvictionBlocked" in reasons(cluster, kind="Pod", name="serve-0", namespace=ns)
+    pod = cluster.kubectl_json("get", "pod", "serve-0", "-n", ns)
+    assert pod["metadata"].get("deletionTimestamp") is None  # stuck is reported, never forced
+    assert controllers.metric("gpuguard_remediations_total", action="evict", outcome="stuck") == 1
+    assert controllers.metric("gpuguard_remediations_total", action="evict", outcome="blocked") >= 1
+
+    # The budget makes room: the next retry goes through.
+    cluster.kubectl("patch", "pdb", "serve", "-n", ns, "--type=merge", "-p", '{"spec": {"minAvailable": 1}}')
+    eventually(
+        lambda: disruption_target(cluster.kubectl_json("get", "pod", "serve-0", "-n", ns)) is not None,
+        what="the eviction once the budget allows it",
+        processes=[controllers],
+    )
+    assert (
+        cluster.kubectl_json("get", "pod", "serve-1", "-n", ns)["metadata"].get("deletionTimestamp") is None
+    )
+    kubelet.finish_deletion(ns, "serve-0")
+
+
+def test_a_node_whose_devices_all_failed_is_cordoned_and_drained_and_given_back_on_recovery(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, ns: str
+) -> None:
+    controllers = start(fast_policy(test_id))
+    name = kubelet.node(f"{test_id}-a")
+    for pod in ("a", "b"):
+        kubelet.gpu_pod(pod, ns, name)
+        kubelet.running(ns, pod)
+    # The device plugin is gone for good: the whole node's devices are unusable.
+    kubelet.device_plugin(name, ready=False)
+
+    def unschedulable() -> bool:
+        return bool(cluster.kubectl_json("get", "node", name)["spec"].get("unschedulable"))
+
+    eventually(unschedulable, what="the node cordoned", processes=[controllers])
+    for pod in ("a", "b"):
+        eventually(
+            lambda pod=pod: disruption_target(cluster.kubectl_json("get", "pod", pod, "-n", ns)) is not None,  # type: ignore[misc]
+            what=f"pod {pod} evicted",
+            processes=[controllers],
+        )
+    condition = own_condition(cluster, name)
+    assert condition is not None and condition["reason"] == "Draining"
+    node_record = record(cluster, name)
+    assert node_record is not None and node_record["cordoned"] is True
+    for pod in ("a", "b"):
+        kubelet.finish_deletion(ns, pod)
+    eventually(
+        lambda: (own_condition(cluster, name) or {}).get("reason") == "Drained",
+        what="the condition saying Drained: the hand-off to a node remediator",
+        processes=[controllers],
+    )
+
+    kubelet.device_plugin(name, ready=True, started_seconds_ago=5)
+    eventually(lambda: not unschedulable(), what="uncordoned on recovery", processes=[controllers])
+    assert TAINT not in taints(cluster, name) and own_condition(cluster, name) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -500,6 +501,13 @@ def test_drained_once_no_accelerator_pod_is_left() -> None:
     assert gone.condition is not None and gone.condition.reason == "Drained"
 
 
+@functools.cache
+def with_modes(condition: str, taint: str, drain: str) -> Policy:
+    return enforcing(
+        actions={"condition": {"mode": condition}, "taint": {"mode": taint}, "drain": {"mode": drain}}
+    )
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     allocatable=st.integers(0, 8),
@@ -519,10 +527,7 @@ def test_a_plan_written_out_is_a_fixed_point(
 ) -> None:
     """Whatever the node, writing what the plan wants and planning again at the same moment asks for no
     further write: reconciles converge, and a requeue never repeats an action."""
-    condition, taint, drain = modes
-    policy = enforcing(
-        actions={"condition": {"mode": condition}, "taint": {"mode": taint}, "drain": {"mode": drain}}
-    )
+    policy = with_modes(*modes)
     fleet = Fleet(pool_nodes=4, pool_admitted=admitted, breaker_open=False)
     facts = node(allocatable=allocatable, unschedulable=unschedulable)
     plugins = [device_plugin(ready=plugin_ready)]

@@ -106,7 +106,7 @@ class ControllerManager:
         self.informers: list[Informer[Any]] = [self.nodes, self.pods, self.namespaces, self.state]
         self.ledger = Ledger()
         self.index = PodIndex()
-        self.breaker = Breaker(remediation.StateConfigMap(api, options.namespace, STATE_CONFIGMAP), _now)
+        self.breaker = Breaker(remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP), _now)
         self.pod_health = PodHealth(
             pods=self.pods,
             nodes=self.nodes,

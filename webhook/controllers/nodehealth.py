@@ -161,11 +161,21 @@ class NodeHealth:
             pool_admitted=self.ledger.admitted_in(pool, excluding=name),
             breaker_open=breaker.open,
         )
+        previous = self.ledger.entry(name)
         plan = health.plan_node(facts, pods, policy, fleet, now, record)
         self.ledger.update(name, plan, persisted=persist, now=now)
         if not breaker.open and self._trips(plan, policy, now, breaker.closed_at):
             plan = health.plan_node(facts, pods, policy, replace(fleet, breaker_open=True), now, record)
             self.ledger.update(name, plan, persisted=persist, now=now)
+        if (
+            previous is not None
+            and previous.record
+            and previous.record.admitted_at
+            and not plan.budget_slot()
+        ):
+            # A place in the budget came free: the nodes held for it need not wait for their recheck.
+            for held in self.ledger.held():
+                self.controller.enqueue(held)
         if not plan.hands_off:
             self._write(facts, plan, persist=persist, now=now)
         self._report(facts, plan, policy)

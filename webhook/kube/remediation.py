@@ -118,8 +118,8 @@ class StoredState:
     resource_version: str | None
 
 
-class StateConfigMap:
-    """One ConfigMap of gpuguard's own state (the circuit breaker), written at the version read."""
+class ConfigMapStore:
+    """One ConfigMap: read, and written whole at the version read (the circuit breaker's state)."""
 
     def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
         self.core = client.CoreV1Api(api)
