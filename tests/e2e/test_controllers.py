@@ -29,6 +29,15 @@ from controllers_harness import (
     taints,
 )
 from controlplane import ControlPlane
+from webhook_harness import (
+    WebhookProcess,
+    default_priority_classes,
+    gpu_job,
+    install_priority_classes,
+    register,
+    unregister,
+    wait_until_called,
+)
 
 from webhook.policy import health
 
@@ -292,3 +301,91 @@ def test_a_node_whose_devices_all_failed_is_cordoned_and_drained_and_given_back_
     kubelet.device_plugin(name, ready=True, started_seconds_ago=5)
     eventually(lambda: not unschedulable(), what="uncordoned on recovery", processes=[controllers])
     assert TAINT not in taints(cluster, name) and own_condition(cluster, name) is None
+
+
+# --- the whole chain: webhook, controllers, Job controller -----------------------------------------------
+
+
+@pytest.fixture
+def webhook(cluster: ControlPlane, tmp_path: Path, ns: str) -> Iterator[WebhookProcess]:
+    """gpuguard's webhook on this cluster, for this test's namespace only (by label)."""
+    (tmp_path / "webhook").mkdir()
+    process = WebhookProcess(tmp_path / "webhook")
+    process.start()
+    label = "gpuguard-e2e/controllers-chain"
+    cluster.kubectl("label", "namespace", ns, f"{label}=true")
+    install_priority_classes(cluster, default_priority_classes())
+    register(cluster, process, name="chain", namespace_selector={"matchLabels": {label: "true"}})
+    try:
+        wait_until_called(cluster, namespace=ns)
+        yield process
+    finally:
+        unregister(cluster, "chain")
+        process.stop()
+
+
+def job_pods(cluster: ControlPlane, ns: str, job: str) -> list[dict[str, Any]]:
+    listed = cluster.kubectl_json("get", "pods", "-n", ns, "-l", f"job-name={job}")
+    pods: list[dict[str, Any]] = listed["items"]
+    return pods
+
+
+def running_job_pod(
+    cluster: ControlPlane, kubelet: Kubelet, ns: str, job: str, node: str, device: str
+) -> str:
+    """Waits for the Job controller's pod, binds it to `node` and runs it on `device`."""
+    eventually(lambda: len(job_pods(cluster, ns, job)) == 1, what=f"the pod of Job {job}")
+    (pod,) = job_pods(cluster, ns, job)
+    name: str = pod["metadata"]["name"]
+    kubelet.bind(ns, name, node)
+    kubelet.running(ns, name, devices={device: "Healthy"})
+    return name
+
+
+def job_status(cluster: ControlPlane, ns: str, job: str) -> dict[str, Any]:
+    status: dict[str, Any] = cluster.kubectl_json("get", "job", job, "-n", ns).get("status") or {}
+    return status
+
+
+def test_a_failed_device_costs_a_job_nothing_through_webhook_controllers_and_the_job_controller(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, ns: str, webhook: WebhookProcess
+) -> None:
+    controllers = start(fast_policy(test_id))
+    name = kubelet.node(f"{test_id}-a")
+    for job in ("evicted", "plain"):
+        cluster.kubectl("create", "-f", "-", input=json.dumps(gpu_job(job, ns)))
+        spec = cluster.kubectl_json("get", "job", job, "-n", ns)["spec"]
+        # gpuguard's webhook injected the rule that makes a disruption free.
+        rules = spec["podFailurePolicy"]["rules"]
+        assert {
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        } in rules
+    evicted = running_job_pod(cluster, kubelet, ns, "evicted", name, "GPU-1")
+    plain = running_job_pod(cluster, kubelet, ns, "plain", name, "GPU-2")
+
+    # The device under the first Job's pod fails; the kubelet reports it on the pod and the node.
+    kubelet.device_health(ns, evicted, {"GPU-1": "Unhealthy"})
+    kubelet.devices(name, capacity=8, allocatable=7)
+    eventually(
+        lambda: disruption_target(cluster.kubectl_json("get", "pod", evicted, "-n", ns)) is not None,
+        what="the Job's pod evicted",
+        processes=[controllers],
+    )
+    # The kubelet kills the container and reports the pod Failed, then finishes the deletion.
+    kubelet.terminate(ns, evicted, exit_code=137)
+    kubelet.finish_deletion(ns, evicted)
+
+    # The same failure without gpuguard: the second Job's pod dies on its device, no eviction.
+    kubelet.terminate(ns, plain, exit_code=137)
+    kubelet.finish_deletion(ns, plain)
+
+    def replaced(job: str, old: str) -> bool:
+        return any(pod["metadata"]["name"] != old for pod in job_pods(cluster, ns, job))
+
+    eventually(lambda: replaced("evicted", evicted), what="the real Job controller's replacement pod")
+    eventually(lambda: job_status(cluster, ns, "plain").get("failed") == 1, what="the plain failure counted")
+    assert job_status(cluster, ns, "evicted").get("failed", 0) == 0
+    # Retried too (after the Job controller's failure backoff), but it cost one of backoffLimit's retries.
+    eventually(lambda: replaced("plain", plain), what="the counted failure retried")
+    assert job_status(cluster, ns, "evicted").get("failed", 0) == 0
