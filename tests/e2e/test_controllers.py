@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import pytest
 from controllers_harness import (
     GPU,
     KCM_CONTROLLERS,
+    LEASE_SECONDS,
     NAMESPACE,
     ControllersProcess,
     Kubelet,
@@ -28,8 +31,9 @@ from controllers_harness import (
     service_account_kubeconfig,
     taints,
 )
-from controlplane import ControlPlane
+from controlplane import ControlPlane, without_proxies
 from webhook_harness import (
+    REPO_ROOT,
     WebhookProcess,
     default_priority_classes,
     gpu_job,
@@ -389,3 +393,222 @@ def test_a_failed_device_costs_a_job_nothing_through_webhook_controllers_and_the
     # Retried too (after the Job controller's failure backoff), but it cost one of backoffLimit's retries.
     eventually(lambda: replaced("plain", plain), what="the counted failure retried")
     assert job_status(cluster, ns, "evicted").get("failed", 0) == 0
+
+
+# --- safety: budget, breaker, exclusion, audit ---------------------------------------------------------
+
+
+def breaker_state(cluster: ControlPlane) -> str | None:
+    found = cluster.kubectl(
+        "get", "configmap", STATE_CONFIGMAP, "-n", NAMESPACE, "--ignore-not-found", "-o", "json"
+    ).stdout
+    state: str | None = json.loads(found)["data"].get("state") if found.strip() else None
+    return state
+
+
+def gpuguard_cli(cluster: ControlPlane, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The gpuguard command line as an operator runs it (the admin's kubeconfig)."""
+    env = {k: v for k, v in without_proxies().items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "webhook", command, f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+
+
+def test_more_failing_nodes_than_the_budget_only_the_budget_is_acted_on_and_the_breaker_latches(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    # Four nodes in one pool, one of them may be remediated at a time, and more than two nodes going
+    # bad within the window means something fleet-wide: the breaker opens.
+    policy = fast_policy(test_id, budget={"maxUnhealthy": "25%"}, circuitBreaker={"maxNodes": 2})
+    controllers = start(policy)
+    nodes = [kubelet.node(f"{test_id}-{i}", pool=test_id) for i in range(4)]
+    failing = nodes[:3]
+    for name in failing:
+        kubelet.devices(name, capacity=8, allocatable=6)
+
+    def tainted() -> list[str]:
+        return [name for name in nodes if TAINT in taints(cluster, name)]
+
+    eventually(lambda: breaker_state(cluster) == "open", what="the breaker open", processes=[controllers])
+    eventually(
+        lambda: all(own_condition(cluster, name) is not None for name in failing),
+        what="every failing node marked",
+        processes=[controllers],
+    )
+    (acted,) = tainted()  # the budget: one node, and the breaker stopped the rest
+    held = [name for name in failing if name != acted]
+    assert controllers.metric("gpuguard_circuit_breaker_open") == 1
+    assert controllers.metric("gpuguard_remediation_held_nodes") == 2
+    assert any("CircuitBreakerOpened" in reasons(cluster, kind="Node", name=name) for name in failing), (
+        "an Event says why"
+    )
+    for name in held:
+        eventually(
+            lambda name=name: "RemediationHeld" in reasons(cluster, kind="Node", name=name),  # type: ignore[misc]
+            what="held Events",
+        )
+    table = gpuguard_cli(cluster, "nodes")
+    assert table.returncode == 0, table.stderr
+    assert "circuit breaker: OPEN" in table.stdout
+    assert {line.split()[0]: line.split()[4] for line in table.stdout.splitlines()[1:5]} == {
+        **{name: "unhealthy,held" for name in held},
+        acted: "unhealthy",
+        nodes[3]: "healthy",
+    }
+
+    # The acted-on node recovers and frees its place in the budget: the breaker still holds the others.
+    before = controllers.metric("gpuguard_remediations_total", action="taint", outcome="held")
+    kubelet.devices(acted, capacity=8, allocatable=8)
+    eventually(lambda: tainted() == [], what="the first node given back", processes=[controllers])
+    eventually(
+        lambda: (
+            controllers.metric("gpuguard_remediations_total", action="taint", outcome="held") >= before + 2
+        ),
+        what="the held nodes decided on again",
+        processes=[controllers],
+    )
+    assert tainted() == []
+
+    # An operator closes the breaker: the budget's one place goes to one held node, and the breaker
+    # does not open again for the nodes that were already due.
+    reset = gpuguard_cli(cluster, "nodes", "reset-breaker")
+    assert reset.returncode == 0 and "closed" in reset.stdout, reset.stderr
+    eventually(lambda: len(tainted()) == 1, what="one held node acted on", processes=[controllers])
+    assert tainted()[0] in held
+    assert breaker_state(cluster) == "closed"
+    assert controllers.metric("gpuguard_circuit_breaker_open") == 0
+
+
+def test_an_excluded_node_gets_events_and_no_writes(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    controllers = start(fast_policy(test_id))
+    excluded = kubelet.node(f"{test_id}-excluded", labels={health.EXCLUDE_LABEL: "true"})
+    kubelet.devices(excluded, capacity=8, allocatable=0)
+    kubelet.device_plugin(excluded, ready=False)
+    version = cluster.kubectl_json("get", "node", excluded)["metadata"]["resourceVersion"]
+
+    eventually(
+        lambda: "RemediationHeld" in reasons(cluster, kind="Node", name=excluded),
+        what="the Event saying it is held",
+        processes=[controllers],
+    )
+    assert cluster.kubectl_json("get", "node", excluded)["metadata"]["resourceVersion"] == version
+
+
+def test_audit_mode_records_what_it_would_do_and_writes_nothing_until_enforced(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, ns: str
+) -> None:
+    audit = fast_policy(test_id, mode="audit")
+    controllers = start(audit)
+    name = kubelet.node(f"{test_id}-a")
+    kubelet.gpu_pod("trainer", ns, name)
+    kubelet.running(ns, "trainer", devices={"GPU-1": "Unhealthy"})
+    kubelet.device_plugin(name, ready=False)
+    node_version = cluster.kubectl_json("get", "node", name)["metadata"]["resourceVersion"]
+    pod_version = cluster.kubectl_json("get", "pod", "trainer", "-n", ns)["metadata"]["resourceVersion"]
+
+    wanted = {"WouldMarkDeviceUnhealthy", "WouldTaintNode", "WouldDrainNode"}
+    eventually(
+        lambda: wanted <= set(reasons(cluster, kind="Node", name=name)),
+        what="the Would... Events on the node",
+        processes=[controllers],
+    )
+    eventually(
+        lambda: "WouldEvictPod" in reasons(cluster, kind="Pod", name="trainer", namespace=ns),
+        what="WouldEvictPod",
+    )
+    assert cluster.kubectl_json("get", "node", name)["metadata"]["resourceVersion"] == node_version
+    assert (
+        cluster.kubectl_json("get", "pod", "trainer", "-n", ns)["metadata"]["resourceVersion"] == pod_version
+    )
+    assert controllers.metric("gpuguard_remediations_total", action="taint", outcome="would") >= 1
+
+    # The same policy enforced, live (the file is watched): now it acts.
+    controllers.write_policy(fast_policy(test_id))
+    eventually(
+        lambda: TAINT in taints(cluster, name), what="the taint once enforced", processes=[controllers]
+    )
+    eventually(
+        lambda: disruption_target(cluster.kubectl_json("get", "pod", "trainer", "-n", ns)) is not None,
+        what="the eviction once enforced",
+    )
+    kubelet.finish_deletion(ns, "trainer")
+
+
+# --- leadership and restarts ---------------------------------------------------------------------------
+
+
+def test_killing_the_leader_hands_over_to_the_standby_which_neither_repeats_nor_forgets(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, summary: Callable[[str, str], None]
+) -> None:
+    policy = fast_policy(test_id, budget={"maxUnhealthy": "25%"})
+    leader = start(policy, "a")
+    standby = start(policy, "b", lead=False)
+    assert not standby.leading()
+    first, second, *_ = [kubelet.node(f"{test_id}-{i}", pool=test_id) for i in range(4)]
+    kubelet.devices(first, capacity=8, allocatable=7)
+    eventually(lambda: TAINT in taints(cluster, first), what="the leader acting", processes=[leader])
+    acted = record(cluster, first)
+    assert acted is not None
+
+    leader.kill()
+    taken_over = standby.wait_leading(timeout=LEASE_SECONDS + 30)
+    summary(
+        "controllers-failover",
+        f"controllers: the standby took the Lease over {taken_over:.1f} s after the leader was killed (lease duration {LEASE_SECONDS:g} s)",
+    )
+    lease = cluster.kubectl_json("get", "lease", "gpuguard-controllers", "-n", NAMESPACE)["spec"]
+    assert lease["holderIdentity"] == "b" and lease["leaseTransitions"] >= 1
+
+    # The new leader knows the first node holds the pool's one place: the second one is held, not acted on.
+    kubelet.devices(second, capacity=8, allocatable=7)
+    eventually(
+        lambda: "RemediationHeld" in reasons(cluster, kind="Node", name=second),
+        what="the budget counted from the first node's record",
+        processes=[standby],
+    )
+    assert TAINT not in taints(cluster, second)
+    assert record(cluster, first) == acted  # nothing repeated, nothing forgotten
+    assert reasons(cluster, kind="Node", name=first).count("NodeTainted") == 1
+
+    # The first node recovers: its place goes to the second.
+    kubelet.devices(first, capacity=8, allocatable=8)
+    eventually(lambda: TAINT in taints(cluster, second), what="the freed place used", processes=[standby])
+
+    # A clean stop releases the Lease: the restarted replica takes over at once.
+    leader = start(policy, "a", lead=False)
+    standby.stop()
+    assert standby.exit_code() == 0
+    leader.wait_leading(timeout=LEASE_SECONDS + 30)
+
+
+def test_a_restart_keeps_what_gpuguard_saw_and_did(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    # A gap must persist 8 s; the controllers restart in between and must not start counting again.
+    policy = fast_policy(test_id, signals={"deviceGap": {"forSeconds": 8}})
+    controllers = start(policy)
+    name = kubelet.node(f"{test_id}-a")
+    kubelet.devices(name, capacity=8, allocatable=7)
+    eventually(
+        lambda: record(cluster, name) is not None, what="the first sighting recorded", processes=[controllers]
+    )
+    first_seen = (record(cluster, name) or {})["signals"][f"deviceGap/{GPU}"]
+
+    controllers.stop()
+    restarted = start(policy, "a-again")
+    eventually(
+        lambda: TAINT in taints(cluster, name), what="the taint after the restart", processes=[restarted]
+    )
+    after = record(cluster, name)
+    assert after is not None and after["signals"][f"deviceGap/{GPU}"] == first_seen
+    explained = gpuguard_cli(cluster, "nodes", "explain", name)
+    assert explained.returncode == 0, explained.stderr
+    assert f"deviceGap/{GPU}" in explained.stdout and "in the budget since" in explained.stdout
