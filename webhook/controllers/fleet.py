@@ -38,21 +38,28 @@ class Entry:
 class Ledger:
     def __init__(self) -> None:
         self._pools: dict[str, str] = {}  # accelerator node -> pool
+        self._pool_sizes: collections.Counter[str] = collections.Counter()
         self._entries: dict[str, Entry] = {}
         self._memory: dict[str, NodeRecord] = {}
         self._lock = threading.Lock()
 
     def classify(self, node: NodeFacts, policy: Policy) -> None:
         """Counts the node in its pool when it is an accelerator node (what budgets are shares of)."""
+        pool = policy.health.pool_of(node.labels) if health.is_accelerator_node(node, policy) else None
         with self._lock:
-            if health.is_accelerator_node(node, policy):
-                self._pools[node.name] = policy.health.pool_of(node.labels)
-            else:
-                self._pools.pop(node.name, None)
+            self._unpool(node.name)
+            if pool is not None:
+                self._pools[node.name] = pool
+                self._pool_sizes[pool] += 1
+
+    def _unpool(self, name: str) -> None:
+        old = self._pools.pop(name, None)
+        if old is not None:
+            self._pool_sizes[old] -= 1
 
     def forget(self, name: str) -> None:
         with self._lock:
-            self._pools.pop(name, None)
+            self._unpool(name)
             self._entries.pop(name, None)
             self._memory.pop(name, None)
 
@@ -68,7 +75,7 @@ class Ledger:
 
     def pool_size(self, pool: str) -> int:
         with self._lock:
-            return sum(1 for p in self._pools.values() if p == pool)
+            return self._pool_sizes[pool]
 
     def fleet_size(self) -> int:
         with self._lock:
