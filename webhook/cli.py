@@ -278,17 +278,17 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     except ApiError as exc:
         print(f"gpuguard: {exc.status} {exc.reason}", file=sys.stderr)
         return EXIT_DENIED
-    plans = report.plans(cluster, policy, now)
+    rows = report.plans(cluster, policy, now)
     if args.nodes_command == "explain":
-        plan = next((p for p in plans if p.assessment.node == args.node), None)
-        if plan is None:
+        row = next((r for r in rows if r.node.name == args.node), None)
+        if row is None:
             print(
                 f"gpuguard: node {args.node} is not an accelerator node the policy selects", file=sys.stderr
             )
             return EXIT_DENIED
-        sys.stdout.write(report.explain(plan, policy, cluster.breaker, now))
+        sys.stdout.write(report.explain(row, policy, cluster.breaker, now))
         return 0
-    sys.stdout.write(report.table(plans, cluster.breaker, now))
+    sys.stdout.write(report.table(rows, cluster.breaker, now))
     print(f"policy {policy.hash} from {source}", file=sys.stderr)
     return 0
 

@@ -28,7 +28,7 @@ from webhook.controllers.nodehealth import NodeHealth
 from webhook.controllers.podhealth import PodHealth
 from webhook.kube import facts, remediation
 from webhook.kube.client import ApiClient, api_client, metadata_of
-from webhook.kube.events import EventRecorder, api_sender
+from webhook.kube.events import EventRecorder, ObjectRef, api_sender
 from webhook.kube.informer import Change, Informer
 from webhook.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector, LeaseStore
 from webhook.kube.policy_source import PolicyConfigMap
@@ -208,8 +208,14 @@ class ControllerManager:
     def _state_changed(self, snapshot: Mapping[Hashable, dict[str, str]] | None) -> None:
         if snapshot is None:
             return  # unreadable for now: keep the breaker as it was
-        if self.breaker.observe(snapshot.get(STATE_CONFIGMAP)):
-            log.warning("circuit breaker closed by an operator")
+        if self.breaker.observe(snapshot.get(STATE_CONFIGMAP)) and self.elector.leading:
+            closed = self.breaker.state
+            note = f"circuit breaker closed by {closed.closed_by or 'an operator'}; remediation resumes"
+            log.warning(note)
+            regarding = ObjectRef("v1", "ConfigMap", self.options.namespace, STATE_CONFIGMAP)
+            self.events.record(
+                regarding, "CircuitBreakerClosed", note, action="CloseCircuitBreaker", warning=False
+            )
             for name in self.ledger.held():
                 self.node_health.controller.enqueue(name)
             self.pod_health.enqueue_all()

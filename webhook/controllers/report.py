@@ -62,7 +62,14 @@ def read_policy(api: ApiClient, configmap: str | None, policy_file: str | None) 
     return default_policy(), "embedded default"
 
 
-def plans(cluster: Cluster, policy: Policy, now: datetime.datetime) -> list[NodePlan]:
+@dataclass(frozen=True)
+class Row:
+    node: NodeFacts
+    # What the leader would decide now; `node.record` is what gpuguard recorded so far.
+    plan: NodePlan
+
+
+def plans(cluster: Cluster, policy: Policy, now: datetime.datetime) -> list[Row]:
     """Every accelerator node's plan (and any node carrying gpuguard's marks), by name."""
     ledger = Ledger()
     ledger.seed(cluster.nodes, policy)
@@ -79,7 +86,7 @@ def plans(cluster: Cluster, policy: Policy, now: datetime.datetime) -> list[Node
         )
         plan = health.plan_node(node, by_node.get(node.name, []), policy, fleet, now)
         if plan.assessment.accelerator or plan.record is not None or plan.steps:
-            found.append(plan)
+            found.append(Row(node, plan))
     return found
 
 
@@ -112,18 +119,18 @@ def _state(plan: NodePlan) -> str:
     return f"{state},held" if plan.held and state == "unhealthy" else state
 
 
-def _since(plan: NodePlan) -> datetime.datetime | None:
-    record = plan.record
+def _since(row: Row) -> datetime.datetime | None:
+    record = row.node.record
     if record is not None and record.unhealthy_since is not None:
         return record.unhealthy_since
-    return min((s.since for s in plan.assessment.signals), default=None)
+    return min((s.since for s in row.plan.assessment.signals), default=None)
 
 
-def table(found: Sequence[NodePlan], breaker: BreakerState, now: datetime.datetime) -> str:
+def table(found: Sequence[Row], breaker: BreakerState, now: datetime.datetime) -> str:
     header = ("NODE", "POOL", "DEVICES", "SIGNALS", "STATE", "LAST ACTION", "SINCE")
     rows = [header]
-    for plan in found:
-        record = plan.record
+    for row in found:
+        plan, record = row.plan, row.node.record
         last = (
             f"{record.last_action} {_age(record.last_action_at, now)} ago"
             if record and record.last_action
@@ -137,7 +144,7 @@ def table(found: Sequence[NodePlan], breaker: BreakerState, now: datetime.dateti
                 _signals(plan, now),
                 _state(plan),
                 last,
-                _age(_since(plan), now),
+                _age(_since(row), now),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -160,7 +167,8 @@ def breaker_line(breaker: BreakerState, now: datetime.datetime) -> str:
 EFFECTS = {"do": "next", "would": "would (not enforced)", "hold": "held"}
 
 
-def explain(plan: NodePlan, policy: Policy, breaker: BreakerState, now: datetime.datetime) -> str:
+def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datetime) -> str:
+    plan = row.plan
     a = plan.assessment
     lines = [
         f"Node:        {a.node}",
@@ -182,7 +190,9 @@ def explain(plan: NodePlan, policy: Policy, breaker: BreakerState, now: datetime
         lines += [f"  {s.kind}: {s.message}" for s in a.suppressed]
     if a.correlated_failures:
         lines.append(f"Correlated:  {a.correlated_failures} device-failure exits or crash loops on the node")
-    record = plan.record
+    record = row.node.record
+    if row.node.record_error:
+        lines.append(f"Record:      {row.node.record_error}")
     if record is not None:
         lines.append(f"Record ({health.RECORD_ANNOTATION}):")
         for label, moment in (
