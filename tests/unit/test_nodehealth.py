@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from webhook.controllers.fleet import Breaker, Ledger, PodIndex
-from webhook.controllers.nodehealth import NodeHealth
+from webhook.controllers.nodehealth import CONFLICT_RECHECK_SECONDS, NodeHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer, ListPage
-from webhook.kube.remediation import StoredState
+from webhook.kube.remediation import ConflictError, StoredState
 from webhook.metrics import Registry
 from webhook.policy import health
 from webhook.policy.health import NodeFacts, NodeRecord, PodFacts
@@ -98,7 +98,6 @@ def controller(
         clock=lambda: NOW,
         on_drain=lambda node: None,
         stop=stop,
-        cache_wait=0.01,
     )
     return loop, writes, sent, breaker
 
@@ -182,3 +181,14 @@ def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
     assert [kind for kind, _ in writes.calls] == ["status", "node"]
     assert "taints" not in writes.calls[-1][1].get("spec", {})
     assert flushed(loop, sent) == ["CircuitBreakerOpened", "DeviceUnhealthy", "RemediationHeld"]
+
+
+def test_a_write_that_conflicts_is_decided_again_without_an_event() -> None:
+    loop, writes, sent, _ = controller(ENFORCE, raw_node("gpu-1", allocatable=7))
+
+    def conflict(name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        raise ConflictError("the node changed")
+
+    writes.patch_status = conflict  # type: ignore[method-assign]
+    assert loop.reconcile("gpu-1").requeue_after == CONFLICT_RECHECK_SECONDS
+    assert flushed(loop, sent) == []

@@ -1,13 +1,13 @@
 """The node health controller: one key per Node, `health.plan_node` decides, this writes the difference.
 
 Writes are the difference between the node as cached and as the plan wants it, sent at the cached
-resourceVersion (a 409 means someone else changed the node: decide again on the new version): the
-condition through a strategic merge patch of the status (conditions merge by type, so others' stay),
-then taint, cordon and gpuguard's record in one merge patch of the node, so that what gpuguard did and
-its record of it can never part. After writing, the reconcile waits for the cache to show its own
-write, so that the next node's budget counts this one.
+resourceVersion: the condition through a strategic merge patch of the status (conditions merge by type,
+so others' stay), then taint, cordon and gpuguard's record in one merge patch of the node, so that what
+gpuguard did and its record of it can never part. A 409 means the cache is behind the node; the watch
+event on its way brings the node back to the queue, and the decision is taken again on what it says.
 
-One worker: budget and breaker decisions are taken one node at a time.
+One worker: budget and breaker decisions are taken one node at a time, from the ledger, which holds
+each node's latest plan as soon as it is made (not when the cache catches up with its write).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from webhook.controllers.fleet import Breaker, Ledger, PodIndex
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
+from webhook.kube.remediation import ConflictError
 from webhook.metrics import Registry
 from webhook.policy import health
 from webhook.policy.health import (
@@ -40,8 +41,8 @@ from webhook.policy.health import (
 )
 from webhook.policy.model import Policy, scaled_count
 
-# How long a reconcile waits for the cache to show its own write before it goes on regardless.
-CACHE_WAIT_SECONDS = 5.0
+# A node whose write conflicted is looked at again after this, should no watch event bring it back.
+CONFLICT_RECHECK_SECONDS = 1.0
 EVENT_REASONS: dict[tuple[str, str], Reason] = {
     ("condition", "do"): "DeviceUnhealthy",
     ("condition", "would"): "WouldMarkDeviceUnhealthy",
@@ -90,7 +91,6 @@ class NodeHealth:
         clock: Callable[[], datetime.datetime],
         on_drain: Callable[[str], None],
         stop: threading.Event,
-        cache_wait: float = CACHE_WAIT_SECONDS,
     ) -> None:
         self.nodes = nodes
         self.pods = pods
@@ -103,14 +103,12 @@ class NodeHealth:
         self.registry = registry
         self.clock = clock
         self.on_drain = on_drain
-        self.cache_wait = cache_wait
         self.controller: Controller[str] = Controller(
             "node-health",
             self.reconcile,
             stop=stop,
             observe=lambda outcome, seconds: self._observed(outcome, seconds),
         )
-        self._fresh = threading.Condition()
         self._reported_errors: set[str] = set()
 
     def _observed(self, outcome: str, seconds: float) -> None:
@@ -125,8 +123,6 @@ class NodeHealth:
             self.ledger.forget(name)
         else:
             self.ledger.classify(change.new, self.policy())
-        with self._fresh:
-            self._fresh.notify_all()
         self.controller.enqueue(name)
         if change.new is not None and change.new.record is not None and change.new.record.draining_since:
             self.on_drain(name)
@@ -177,7 +173,11 @@ class NodeHealth:
             for held in self.ledger.held():
                 self.controller.enqueue(held)
         if not plan.hands_off:
-            self._write(facts, plan, persist=persist, now=now)
+            try:
+                self._write(facts, plan, persist=persist, now=now)
+            except ConflictError:
+                log.debug("node %s changed since it was cached; deciding again", name)
+                return Result(requeue_after=CONFLICT_RECHECK_SECONDS)
         self._report(facts, plan, policy)
         if any(step.action == "drain" and step.effect == "do" for step in plan.steps):
             self.on_drain(name)
@@ -210,16 +210,11 @@ class NodeHealth:
         return True
 
     def _write(self, facts: NodeFacts, plan: NodePlan, *, persist: bool, now: datetime.datetime) -> None:
-        # Every version before gpuguard's last write: the cache is fresh once it shows none of them.
-        superseded = {facts.resource_version}
-        last: str | None = None
+        version = facts.resource_version
         if plan.condition != facts.condition:
             conditions = [_condition(facts, plan, now)]
-            patch = {
-                "metadata": {"resourceVersion": facts.resource_version},
-                "status": {"conditions": conditions},
-            }
-            last = _version(self.writes.patch_status(facts.name, patch))
+            patch = {"metadata": {"resourceVersion": version}, "status": {"conditions": conditions}}
+            version = _version(self.writes.patch_status(facts.name, patch))
         node_patch: dict[str, Any] = {}
         if plan.tainted != facts.tainted:
             taints = [taint.to_raw() for taint in facts.taints if taint.key != TAINT_KEY]
@@ -231,20 +226,8 @@ class NodeHealth:
         if persist and _record_text(plan.record) != _record_text(facts.record):
             node_patch["metadata"] = {"annotations": {RECORD_ANNOTATION: _record_text(plan.record)}}
         if node_patch:
-            if last is not None:
-                superseded.add(last)
-            node_patch.setdefault("metadata", {})["resourceVersion"] = last or facts.resource_version
-            last = _version(self.writes.patch(facts.name, node_patch))
-        if last is not None:
-            self._wait_for_cache(facts.name, superseded)
-
-    def _wait_for_cache(self, name: str, superseded: set[str]) -> None:
-        """Until the cache holds a version of the node no older than the last write."""
-        with self._fresh:
-            self._fresh.wait_for(
-                lambda: (node := self.nodes.get(name)) is None or node.resource_version not in superseded,
-                timeout=self.cache_wait,
-            )
+            node_patch.setdefault("metadata", {})["resourceVersion"] = version
+            self.writes.patch(facts.name, node_patch)
 
     def _report(self, facts: NodeFacts, plan: NodePlan, policy: Policy) -> None:
         for step in plan.steps:
