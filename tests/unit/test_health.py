@@ -448,6 +448,15 @@ def test_recovery_waits_then_undoes_exactly_gpuguards_marks() -> None:
     assert [t.key for t in applied(marks, done).taints] == ["team"]
 
 
+def test_a_recovery_that_may_only_be_said_is_not_said_again_in_a_loop() -> None:
+    marks = node(taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}])
+    record = NodeRecord(admitted_at=later(-900), clear_since=later(-900))
+    audited = enforcing(actions={"taint": {"mode": "audit"}})
+    plan = health.plan_node(marks, [device_plugin()], audited, FREE, NOW, record)
+    assert actions(plan) == [("recover", "would")] and plan.tainted
+    assert plan.requeue_after is None
+
+
 def test_recovery_never_uncordons_what_an_operator_cordoned() -> None:
     marks = node(taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}], unschedulable=True)
     record = NodeRecord(admitted_at=later(-900), cordoned=False, clear_since=later(-900))

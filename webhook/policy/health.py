@@ -958,11 +958,15 @@ def _empty(record: NodeRecord) -> bool:
 def _requeue_after(
     assessment: Assessment, record: NodeRecord, policy: Policy, now: datetime.datetime, held: str
 ) -> float | None:
-    """When the verdict can next change without any object changing: a signal coming due, recovery."""
+    """When the verdict can next change without any object changing: a signal coming due, recovery.
+
+    A moment already past is no reason to look again: a recovery that is due and still here was only
+    said (its mode is audit or warn) and waits for a policy change, which requeues every node anyway.
+    """
     moments = [signal.due_at for signal in assessment.signals if not signal.due(now)]
     if assessment.state == "recovering" and record.clear_since is not None:
         moments.append(record.clear_since + datetime.timedelta(seconds=policy.health.recovery.afterSeconds))
-    delays = [max((moment - now).total_seconds(), 0.0) for moment in moments]
+    delays = [(moment - now).total_seconds() for moment in moments if moment > now]
     if held:
         delays.append(HELD_RECHECK_SECONDS)
     return min(delays, default=None)
