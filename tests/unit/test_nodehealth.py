@@ -192,3 +192,16 @@ def test_a_write_that_conflicts_is_decided_again_without_an_event() -> None:
     writes.patch_status = conflict  # type: ignore[method-assign]
     assert loop.reconcile("gpu-1").requeue_after == CONFLICT_RECHECK_SECONDS
     assert flushed(loop, sent) == []
+
+
+def test_a_node_left_alone_keeps_its_signals_timed_in_memory() -> None:
+    policy = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 60}}}})
+    excluded = raw_node("gpu-1", allocatable=7, labels={health.EXCLUDE_LABEL: "true"})
+    clock = [NOW]
+    loop, writes, sent, _ = controller(policy, excluded)
+    loop.clock = lambda: clock[0]
+    loop.reconcile("gpu-1")
+    clock[0] = NOW + datetime.timedelta(seconds=61)
+    loop.reconcile("gpu-1")
+    assert writes.calls == []
+    assert flushed(loop, sent) == ["RemediationHeld", "RemediationHeld"]

@@ -129,7 +129,7 @@ class Ledger:
                 else (previous.last_step if previous else ""),
                 last_step_at=now if last else (previous.last_step_at if previous else None),
             )
-            if persisted or plan.record is None:
+            if plan.record is None or (persisted and not plan.hands_off):
                 self._memory.pop(name, None)
             else:
                 self._memory[name] = plan.record

@@ -148,7 +148,7 @@ class NodeHealth:
         policy = self.policy()
         now = self.clock()
         persist = persists(policy)
-        record = facts.record if persist else (self.ledger.memory(name) or facts.record)
+        record = self._record(facts, persist)
         pods = [pod for key in self.index.keys_on(name) if (pod := self.pods.get(key)) is not None]
         pool = policy.health.pool_of(facts.labels)
         breaker = self.breaker.state
@@ -182,6 +182,16 @@ class NodeHealth:
         if any(step.action == "drain" and step.effect == "do" for step in plan.steps):
             self.on_drain(name)
         return Result(requeue_after=plan.requeue_after)
+
+    def _record(self, facts: NodeFacts, persist: bool) -> NodeRecord | None:
+        """What gpuguard knows of the node: the record on it, or the one kept in memory while nothing
+        may be written (audit, warn; a node left alone). A record only simulated in audit mode is
+        never taken for what was done once the policy enforces."""
+        memory = self.ledger.memory(facts.name)
+        if not persist:
+            return memory or facts.record
+        entry = self.ledger.entry(facts.name)
+        return memory if memory is not None and entry is not None and entry.hands_off else facts.record
 
     def _trips(
         self, plan: NodePlan, policy: Policy, now: datetime.datetime, closed_at: datetime.datetime | None
