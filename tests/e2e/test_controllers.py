@@ -475,6 +475,16 @@ def test_more_failing_nodes_than_the_budget_only_the_budget_is_acted_on_and_the_
     )
     assert tainted() == []
 
+    # The breaker survives a restart: its state is in the cluster, not in the process.
+    controllers.stop()
+    controllers = start(policy, "a-again")
+    eventually(
+        lambda: controllers.metric("gpuguard_remediations_total", action="taint", outcome="held") >= 2,
+        what="the restarted leader holding the nodes again",
+        processes=[controllers],
+    )
+    assert controllers.metric("gpuguard_circuit_breaker_open") == 1 and tainted() == []
+
     # An operator closes the breaker: the budget's one place goes to one held node, and the breaker
     # does not open again for the nodes that were already due.
     reset = gpuguard_cli(cluster, "nodes", "reset-breaker")

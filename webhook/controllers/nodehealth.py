@@ -24,7 +24,7 @@ from webhook.controllers.fleet import Breaker, Ledger, PodIndex
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
-from webhook.kube.remediation import ConflictError
+from webhook.kube.remediation import ConflictError, NotFoundError
 from webhook.metrics import Registry
 from webhook.policy import health
 from webhook.policy.health import (
@@ -178,6 +178,8 @@ class NodeHealth:
             except ConflictError:
                 log.debug("node %s changed since it was cached; deciding again", name)
                 return Result(requeue_after=CONFLICT_RECHECK_SECONDS)
+            except NotFoundError:
+                return Result()  # deleted meanwhile: its watch event forgets it
         self._report(facts, plan, policy)
         if any(step.action == "drain" and step.effect == "do" for step in plan.steps):
             self.on_drain(name)
