@@ -112,13 +112,8 @@ def _certificate_manager(
 
 def _probes(state: State) -> probes.Probes:
     def status() -> dict[str, object]:
-        policy = state.store.status()
         return {
-            "hash": policy.hash,
-            "source": policy.source,
-            "loadedAt": policy.loaded_at,
-            "lastError": policy.last_error,
-            "errors": policy.errors,
+            **state.store.status().as_json(),
             "enabled": state.policy.enabled,
             "unavailableLookups": list(state.facts.unavailable),
         }

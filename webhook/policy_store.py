@@ -30,6 +30,16 @@ class PolicyStatus:
     last_error: str | None
     errors: int
 
+    def as_json(self) -> dict[str, object]:
+        """The fields /policy reports, in its names."""
+        return {
+            "hash": self.hash,
+            "source": self.source,
+            "loadedAt": self.loaded_at,
+            "lastError": self.last_error,
+            "errors": self.errors,
+        }
+
 
 class PolicyStore:
     def __init__(self, policy: Policy, *, source: str) -> None:

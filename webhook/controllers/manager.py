@@ -232,14 +232,9 @@ class ControllerManager:
         return f"{'leader' if self.elector.leading else 'standby'} policy={self.store.policy.hash}"
 
     def _status(self) -> dict[str, object]:
-        policy = self.store.status()
         breaker = self.breaker.state
         return {
-            "hash": policy.hash,
-            "source": policy.source,
-            "loadedAt": policy.loaded_at,
-            "lastError": policy.last_error,
-            "errors": policy.errors,
+            **self.store.status().as_json(),
             "enabled": self.store.policy.enabled and self.store.policy.health.enabled,
             "unavailableLookups": [i.name for i in self.informers if not i.served],
             "role": "leader" if self.elector.leading else "standby",
