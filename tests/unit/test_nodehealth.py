@@ -16,7 +16,7 @@ from webhook.controllers.fleet import Breaker, Ledger, PodIndex
 from webhook.controllers.nodehealth import CONFLICT_RECHECK_SECONDS, NodeHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer, ListPage
-from webhook.kube.remediation import ConflictError, StoredState
+from webhook.kube.remediation import ConflictError, NotFoundError, StoredState
 from webhook.metrics import Registry
 from webhook.policy import health
 from webhook.policy.health import NodeFacts, NodeRecord, PodFacts
@@ -191,6 +191,18 @@ def test_a_write_that_conflicts_is_decided_again_without_an_event() -> None:
 
     writes.patch_status = conflict  # type: ignore[method-assign]
     assert loop.reconcile("gpu-1").requeue_after == CONFLICT_RECHECK_SECONDS
+    assert flushed(loop, sent) == []
+
+
+def test_a_node_deleted_before_the_write_is_let_go_without_an_event() -> None:
+    loop, writes, sent, _ = controller(ENFORCE, raw_node("gpu-1", allocatable=7))
+
+    def deleted(name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        raise NotFoundError('nodes "gpu-1" not found')
+
+    writes.patch_status = deleted  # type: ignore[method-assign]
+    # No retry: the Node's deletion arrives as a watch event, which forgets it.
+    assert loop.reconcile("gpu-1").requeue_after is None
     assert flushed(loop, sent) == []
 
 
