@@ -20,8 +20,8 @@ from webhook import probes
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
 from webhook.policy import drivers
-from webhook.policy.model import CONFIGMAP_KEY, Policy, default_policy, parse_policy
-from webhook.policy_store import FileWatcher, PolicyStore, policy_text
+from webhook.policy.model import CONFIGMAP_KEY, Policy
+from webhook.policy_store import FileWatcher, PolicyStore, initial_policy
 
 if TYPE_CHECKING:
     import uvicorn
@@ -48,14 +48,6 @@ class Options:
     # listener starts on a placeholder in the settings' cert_dir (cert_file and key_file are unused) and
     # switches to the Secret's certificate once it is read.
     certificates: certificates.Settings | None = None
-
-
-def _initial_policy(options: Options) -> tuple[Policy, str, bytes]:
-    """The policy to start with, its source, and the file's bytes it was read from (b"" without one)."""
-    if options.policy_file is not None:
-        data = options.policy_file.read_bytes()
-        return parse_policy(policy_text(data)), f"file {options.policy_file}", data
-    return default_policy(), "embedded default", b""
 
 
 def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threading.Event) -> None:
@@ -120,13 +112,8 @@ def _certificate_manager(
 
 def _probes(state: State) -> probes.Probes:
     def status() -> dict[str, object]:
-        policy = state.store.status()
         return {
-            "hash": policy.hash,
-            "source": policy.source,
-            "loadedAt": policy.loaded_at,
-            "lastError": policy.last_error,
-            "errors": policy.errors,
+            **state.store.status().as_json(),
             "enabled": state.policy.enabled,
             "unavailableLookups": list(state.facts.unavailable),
         }
@@ -144,7 +131,7 @@ def _probes(state: State) -> probes.Probes:
 
 
 def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, State]:
-    policy, source, policy_bytes = _initial_policy(options)
+    policy, source, policy_bytes = initial_policy(options.policy_file)
     state = State(PolicyStore(policy, source=source))
     health = _probes(state)
     api = None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import bisect
+import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from webhook.policy.drivers import PoolDrivers
 from webhook.policy.engine import Decision
@@ -15,6 +16,8 @@ LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 
 
 def _labels(**labels: str) -> str:
+    if not labels:
+        return ""
     inner = ",".join(f'{key}="{_escape(value)}"' for key, value in labels.items())
     return "{" + inner + "}"
 
@@ -101,4 +104,74 @@ class Metrics:
                 "# TYPE gpuguard_driver_mixed_pools gauge",
                 f"gpuguard_driver_mixed_pools {sum(pool.mixed for pool in driver_pools)}",
             ]
+        return "\n".join(lines) + "\n"
+
+
+LabelValues = tuple[str, ...]
+
+
+class Registry:
+    """Series that components register and update, rendered as one exposition.
+
+    Counters and histograms are kept here, keyed by label values; gauges are read from their owner
+    at render time (`collect` returns label values and a value per series), so a gauge never goes
+    stale and its owner keeps no second copy of its state.
+    """
+
+    def __init__(self) -> None:
+        self._families: list[tuple[str, str, str, tuple[str, ...]]] = []
+        self._counters: dict[str, dict[LabelValues, float]] = {}
+        self._histograms: dict[str, dict[LabelValues, Histogram]] = {}
+        self._gauges: dict[str, Callable[[], Iterable[tuple[LabelValues, float]]]] = {}
+        self._lock = threading.Lock()
+
+    def counter(self, name: str, help_text: str, labels: tuple[str, ...]) -> None:
+        self._families.append((name, help_text, "counter", labels))
+        self._counters[name] = {}
+
+    def histogram(self, name: str, help_text: str, labels: tuple[str, ...]) -> None:
+        self._families.append((name, help_text, "histogram", labels))
+        self._histograms[name] = {}
+
+    def gauge(
+        self,
+        name: str,
+        help_text: str,
+        labels: tuple[str, ...],
+        collect: Callable[[], Iterable[tuple[LabelValues, float]]],
+    ) -> None:
+        self._families.append((name, help_text, "gauge", labels))
+        self._gauges[name] = collect
+
+    def inc(self, name: str, *values: str, amount: float = 1) -> None:
+        with self._lock:
+            self._counters[name][values] = self._counters[name].get(values, 0.0) + amount
+
+    def observe(self, name: str, seconds: float, *values: str) -> None:
+        with self._lock:
+            self._histograms[name].setdefault(values, Histogram()).observe(seconds)
+
+    def value(self, name: str, *values: str) -> float:
+        """A counter's current value (what tests and the CLI read back)."""
+        with self._lock:
+            return self._counters[name].get(values, 0.0)
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for name, help_text, kind, labels in self._families:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            if kind == "counter":
+                with self._lock:
+                    samples = sorted(self._counters[name].items())
+                lines += [
+                    f"{name}{_labels(**dict(zip(labels, key, strict=True)))} {v:g}" for key, v in samples
+                ]
+            elif kind == "histogram":
+                with self._lock:
+                    histograms = sorted(self._histograms[name].items())
+                for key, histogram in histograms:
+                    lines += histogram.render(name, **dict(zip(labels, key, strict=True)))
+            else:
+                for key, v in sorted(self._gauges[name]()):
+                    lines.append(f"{name}{_labels(**dict(zip(labels, key, strict=True)))} {v:g}")
         return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from webhook.policy.model import Policy, PolicyError, parse_policy
+from webhook.policy.model import Policy, PolicyError, default_policy, parse_policy
 
 log = logging.getLogger("gpuguard.policy")
 FILE_POLL_SECONDS = 1.0
@@ -29,6 +29,16 @@ class PolicyStatus:
     loaded_at: float
     last_error: str | None
     errors: int
+
+    def as_json(self) -> dict[str, object]:
+        """The fields /policy reports, in its names."""
+        return {
+            "hash": self.hash,
+            "source": self.source,
+            "loadedAt": self.loaded_at,
+            "lastError": self.last_error,
+            "errors": self.errors,
+        }
 
 
 class PolicyStore:
@@ -100,6 +110,15 @@ def policy_text(data: bytes) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PolicyError(f"policy file is not UTF-8 text: {exc}") from exc
+
+
+def initial_policy(policy_file: Path | None) -> tuple[Policy, str, bytes]:
+    """The policy a process starts with, its source, and the file's bytes it was read from (b"" without
+    one, for a FileWatcher to know what it has already offered)."""
+    if policy_file is not None:
+        data = policy_file.read_bytes()
+        return parse_policy(policy_text(data)), f"file {policy_file}", data
+    return default_policy(), "embedded default", b""
 
 
 class FileWatcher:

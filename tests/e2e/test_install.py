@@ -48,8 +48,10 @@ from webhook_harness import REPO_ROOT, cpu_pod, default_priority_classes, gpu_po
 
 from webhook import cli
 from webhook.certs import files, tls
+from webhook.cli import controllers as cli_controllers
 
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+CONTROLLERS = "gpuguard-controllers"
 # Short, so a whole rotation fits in a test; the API server still needs far less than this to pick up a
 # patched caBundle (its informer), and the replicas a changed Secret (their watch).
 ROTATION_DELAY = 3.0
@@ -103,7 +105,7 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     spread = {c["topologyKey"]: c["whenUnsatisfiable"] for c in pod["topologySpreadConstraints"]}
     assert spread["kubernetes.io/hostname"] == "DoNotSchedule"
-    budget = find(rendered, "PodDisruptionBudget")
+    budget = find(rendered, "PodDisruptionBudget", "gpuguard")
     assert budget["spec"]["minAvailable"] == 1
     assert (
         budget["spec"]["selector"]["matchLabels"].items()
@@ -136,6 +138,33 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
     assert volumes[mounts[args.cert_dir]]["emptyDir"]["medium"] == "Memory"
     service = find(rendered, "Service", args.service)
     assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["name"]
+
+
+def test_controllers_deployment_is_hardened_and_elects_a_leader(rendered: list[dict[str, Any]]) -> None:
+    deployment = find(rendered, "Deployment", CONTROLLERS)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+
+    assert deployment["spec"]["replicas"] == 2  # a leader and a warm standby
+    assert pod["serviceAccountName"] == CONTROLLERS != SERVICE_ACCOUNT
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # The arguments as the kubelet expands them, parsed by gpuguard's own command line.
+    args = [
+        arg.replace("$(POD_NAMESPACE)", NAMESPACE).replace("$(POD_NAME)", "pod-a")
+        for arg in container["args"]
+    ]
+    assert container["command"] == ["gpuguard"]
+    parsed = cli.parser().parse_args(args)
+    assert parsed.run is cli_controllers.run_controllers
+    assert parsed.policy_configmap == f"{NAMESPACE}/{POLICY_CONFIGMAP}"
+    assert (parsed.namespace, parsed.identity) == (NAMESPACE, "pod-a")
+    assert container["ports"][0]["containerPort"] == parsed.port
+    budget = find(rendered, "PodDisruptionBudget", CONTROLLERS)
+    assert budget["spec"]["minAvailable"] == 1
 
 
 def test_gpuguards_own_class_protects_it_and_preempts_nothing(rendered: list[dict[str, Any]]) -> None:
@@ -243,7 +272,12 @@ def installed(control_plane: ControlPlane, rendered: list[dict[str, Any]]) -> It
             "delete", ",".join(CONFIGURATION_KINDS), CONFIGURATION, "--ignore-not-found", check=False
         )
         control_plane.kubectl(
-            "delete", "clusterrolebinding,clusterrole", "gpuguard", "--ignore-not-found", check=False
+            "delete",
+            "clusterrolebinding,clusterrole",
+            "gpuguard",
+            CONTROLLERS,
+            "--ignore-not-found",
+            check=False,
         )
         control_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
@@ -311,7 +345,8 @@ DENIED = [
 
 
 def can_i(plane: ControlPlane, verb: str, resource: str, scope: str | None, user: str = SA_USER) -> bool:
-    args = ["auth", "can-i", verb, resource, f"--as={user}"]
+    """`resource` may carry kubectl's own flag: "pods --subresource=eviction"."""
+    args = ["auth", "can-i", verb, *resource.split(), f"--as={user}"]
     if scope == "--all-namespaces":
         args.append(scope)
     elif scope is not None:
@@ -387,6 +422,83 @@ def test_service_account_rules_are_exactly_gpuguards(control_plane: ControlPlane
     for namespace, expected in ((NAMESPACE, cluster_wide | in_namespace), ("default", cluster_wide)):
         granted = rules_of(control_plane, SA_USER, namespace) - rules_of(control_plane, baseline, namespace)
         assert granted == expected, namespace
+
+
+CONTROLLERS_USER = f"system:serviceaccount:{NAMESPACE}:{CONTROLLERS}"
+CONTROLLERS_ALLOWED = [
+    ("patch", "nodes", None),
+    ("patch", "nodes --subresource=status", None),
+    ("watch", "pods", "--all-namespaces"),
+    ("create", "pods --subresource=eviction", "team-a"),
+    ("create", "events.events.k8s.io", "default"),
+    ("update", "leases.coordination.k8s.io/gpuguard-controllers", NAMESPACE),
+    ("update", "configmaps/gpuguard-remediation", NAMESPACE),
+    ("watch", f"configmaps/{POLICY_CONFIGMAP}", NAMESPACE),
+]
+CONTROLLERS_DENIED = [
+    ("delete", "pods", "team-a"),  # evictions only: the API server checks the disruption budget
+    ("update", "pods", "team-a"),
+    ("patch", "pods --subresource=status", "team-a"),
+    ("delete", "nodes", None),  # deleting a node is for a node remediator, not gpuguard
+    ("update", "nodes", None),
+    ("update", f"configmaps/{POLICY_CONFIGMAP}", NAMESPACE),  # reads the policy, never writes it
+    ("update", "leases.coordination.k8s.io/someone-else", NAMESPACE),
+    ("get", "secrets", NAMESPACE),
+    ("update", "jobs.batch", "team-a"),
+]
+
+
+CONTROLLERS_CASES = [
+    *((verb, resource, scope, True) for verb, resource, scope in CONTROLLERS_ALLOWED),
+    *((verb, resource, scope, False) for verb, resource, scope in CONTROLLERS_DENIED),
+]
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "scope", "allowed"),
+    CONTROLLERS_CASES,
+    ids=[f"{v} {r} in {s}: {'yes' if a else 'no'}" for v, r, s, a in CONTROLLERS_CASES],
+)
+def test_controllers_service_account_can_do_what_they_need_and_nothing_more(
+    control_plane: ControlPlane, installed: str, verb: str, resource: str, scope: str | None, allowed: bool
+) -> None:
+    assert can_i(control_plane, verb, resource, scope, user=CONTROLLERS_USER) is allowed
+
+
+def test_controllers_service_account_rules_are_exactly_theirs(
+    control_plane: ControlPlane, installed: str
+) -> None:
+    baseline = f"system:serviceaccount:{NAMESPACE}:nobody"
+    cluster_wide = {
+        *{("", "nodes", "", v) for v in ("get", "list", "watch", "patch")},
+        ("", "nodes/status", "", "patch"),
+        *{("", r, "", v) for r in ("pods", "namespaces") for v in ("get", "list", "watch")},
+        ("", "pods/eviction", "", "create"),
+        ("events.k8s.io", "events", "", "create"),
+    }
+    in_namespace = {
+        *{("coordination.k8s.io", "leases", CONTROLLERS, v) for v in ("get", "update")},
+        ("coordination.k8s.io", "leases", "", "create"),
+        *{("", "configmaps", POLICY_CONFIGMAP, v) for v in ("get", "list", "watch")},
+        *{("", "configmaps", "gpuguard-remediation", v) for v in ("get", "list", "watch", "update")},
+        ("", "configmaps", "", "create"),
+    }
+    for namespace, expected in ((NAMESPACE, cluster_wide | in_namespace), ("default", cluster_wide)):
+        granted = rules_of(control_plane, CONTROLLERS_USER, namespace) - rules_of(
+            control_plane, baseline, namespace
+        )
+        assert granted == expected, namespace
+
+
+def test_the_webhook_service_account_still_writes_no_workload_or_node(
+    control_plane: ControlPlane, installed: str
+) -> None:
+    for verb, resource in (
+        ("create", "pods --subresource=eviction"),
+        ("patch", "nodes"),
+        ("patch", "nodes --subresource=status"),
+    ):
+        assert not can_i(control_plane, verb, resource, "team-a")
 
 
 # --- the certificate lifecycle ---------------------------------------------------------------------------

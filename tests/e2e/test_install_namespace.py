@@ -78,10 +78,12 @@ def test_every_namespace_field_follows_the_one_setting(
     assert named, "nothing names a namespace"
     assert set(named.values()) == {ELSEWHERE}, named
     assert find(rendered, "Namespace")["metadata"]["name"] == ELSEWHERE
+    # The webhook's bindings and the controllers' (each its own ServiceAccount) alike.
     for kind in ("RoleBinding", "ClusterRoleBinding"):
-        assert find(rendered, kind)["subjects"] == [
-            {"kind": "ServiceAccount", "name": "gpuguard", "namespace": ELSEWHERE}
-        ]
+        for account in ("gpuguard", "gpuguard-controllers"):
+            assert find(rendered, kind, account)["subjects"] == [
+                {"kind": "ServiceAccount", "name": account, "namespace": ELSEWHERE}
+            ]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         for webhook in find(rendered, kind)["webhooks"]:
             assert webhook["clientConfig"]["service"]["namespace"] == ELSEWHERE
@@ -112,7 +114,12 @@ def installed_elsewhere(control_plane: ControlPlane, moved_deploy: Path) -> Iter
             "delete", ",".join(CONFIGURATION_KINDS), CONFIGURATION, "--ignore-not-found", check=False
         )
         control_plane.kubectl(
-            "delete", "clusterrolebinding,clusterrole", "gpuguard", "--ignore-not-found", check=False
+            "delete",
+            "clusterrolebinding,clusterrole",
+            "gpuguard",
+            "gpuguard-controllers",
+            "--ignore-not-found",
+            check=False,
         )
         control_plane.kubectl("delete", "namespace", ELSEWHERE, "--wait=false", check=False)
 

@@ -1,13 +1,16 @@
-"""`gpuguard nodes drivers -f`: a node list read like every other manifest input."""
+"""`gpuguard nodes`: its options on either side of a subcommand; `nodes drivers -f`, a node list read
+like every other manifest input."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from webhook.cli import output
+from webhook import cli
+from webhook.cli import nodes, output
 
 from .builders import Gpuguard
 
@@ -37,3 +40,26 @@ def test_a_mixed_pool_exits_1(gpuguard: Gpuguard, tmp_path: Path) -> None:
 def test_a_bad_node_list_names_the_file(gpuguard: Gpuguard) -> None:
     run = gpuguard("nodes", "drivers", "-f", "absent.yaml")
     assert (run.code, run.err) == (2, "gpuguard: absent.yaml: no such file\n")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nodes", "--kubeconfig=k", "--namespace=ops", "explain", "gpu-1"],
+        ["nodes", "explain", "gpu-1", "--kubeconfig=k", "--namespace=ops"],
+        ["nodes", "--kubeconfig=k", "explain", "gpu-1", "--namespace=ops"],
+    ],
+)
+def test_the_device_health_options_hold_before_or_after_the_subcommand(argv: list[str]) -> None:
+    args = cli.parser().parse_args(argv)
+    assert (args.run, args.nodes_command, args.node) == (nodes.run_health, "explain", "gpu-1")
+    assert (args.kubeconfig, args.namespace, args.policy, args.policy_configmap) == ("k", "ops", None, None)
+
+
+def test_a_subcommand_keeps_what_was_given_before_it_and_bare_nodes_is_the_table() -> None:
+    drivers = cli.parser().parse_args(["nodes", "--policy=p.yaml", "--kubeconfig=k", "drivers"])
+    assert (drivers.run, drivers.policy, drivers.kubeconfig) == (nodes.run_drivers, "p.yaml", "k")
+    reset = cli.parser().parse_args(["nodes", "--namespace=ops", "reset-breaker"])
+    assert (reset.nodes_command, reset.namespace) == ("reset-breaker", "ops")
+    table = cli.parser().parse_args(["nodes"])
+    assert (table.run, table.nodes_command, table.namespace) == (nodes.run_health, None, "gpuguard")

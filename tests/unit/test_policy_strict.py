@@ -206,3 +206,58 @@ def test_everything_a_request_needs_is_built_when_the_policy_loads() -> None:
     built = vars(policy.accelerators)
     assert {"_resource_pattern", "_device_class_pattern"} <= set(built)
     assert {"_namespace_index", "_selector_overrides"} <= set(vars(policy))
+
+
+def health(section: str) -> str:
+    return "health:\n" + "".join(f"  {line}\n" for line in section.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        pytest.param(
+            health(f"signals:\n  deviceGap: {{forSeconds: {MAX_SECONDS + 1}}}"),
+            "health.signals.deviceGap.forSeconds",
+            id="wait-past-go-duration",
+        ),
+        pytest.param(
+            health(f"recovery: {{afterSeconds: {2**63}}}"), "health.recovery.afterSeconds", id="recovery"
+        ),
+        pytest.param(health("eviction: {retrySeconds: 0}"), "health.eviction.retrySeconds", id="retry-zero"),
+        pytest.param(
+            health("eviction: {perNodePerMinute: 1000000}"),
+            "health.eviction.perNodePerMinute",
+            id="rate-unbounded",
+        ),
+        pytest.param(health("budget: {maxUnhealthy: 2000000}"), "health.budget.maxUnhealthy", id="count"),
+        pytest.param(health("budget: {maxUnhealthy: 150%}"), "health.budget.maxUnhealthy", id="percent"),
+        pytest.param(health("mode: false"), "a mode is one of enforce, warn, audit, off", id="mode-false"),
+        pytest.param(health("paused: no"), "health.paused", id="paused-bare-no"),
+        pytest.param(health("poolLabels: ['-bad-']"), "health.poolLabels[0]", id="pool-label"),
+        pytest.param(
+            health("othersRemediatingTaints: ['a/b/c']"), "health.othersRemediatingTaints[0]", id="taint-key"
+        ),
+        pytest.param(
+            health("signals:\n  devicePlugin: {namespaces: [GPU-Operator]}"),
+            "health.signals.devicePlugin.namespaces[0]",
+            id="plugin-namespace",
+        ),
+        pytest.param(
+            health("poolLabels: [" + ", ".join(f"l{i}" for i in range(MAX_PATTERNS + 1)) + "]"),
+            "health.poolLabels",
+            id="pool-labels-bounded",
+        ),
+        pytest.param(
+            "namespaces:\n- names: [research]\n  health: no\n", "namespaces[0].health", id="namespace-health"
+        ),
+    ],
+)
+def test_the_health_section_is_as_strict_as_the_rest(text: str, field: str) -> None:
+    assert field in refusal(text)
+
+
+def test_a_node_condition_status_written_as_a_boolean_is_that_word() -> None:
+    # YAML 1.2 still reads a bare False as a boolean; for a condition status its meaning is no guess.
+    section = health("signals:\n  nodeConditions: [{type: GPUHealthy, status: False, forSeconds: 0}]")
+    (condition,) = parse_policy(section).health.signals.nodeConditions
+    assert (condition.status, condition.forSeconds) == ("False", 0)

@@ -3,11 +3,12 @@
 One module per command group, each with a `register(commands)` that adds its subcommands:
 
     serve.py      gpuguard serve
+    controllers.py  gpuguard controllers
     workloads.py  gpuguard mutate, gpuguard validate
     review.py     gpuguard review
     policy.py     gpuguard policy check|default|effective|status
     certs.py      gpuguard certs generate|rotate
-    nodes.py      gpuguard nodes drivers
+    nodes.py      gpuguard nodes [explain NODE | reset-breaker | drivers]
     cases.py      gpuguard test
 
 shared by all of them:
@@ -40,11 +41,12 @@ import sys
 from collections.abc import Sequence
 
 from webhook import __version__
-from webhook.cli import cases, certs, nodes, output, policy, review, serve, workloads
+from webhook.cli import cases, certs, controllers, nodes, output, policy, review, serve, workloads
 
 # The command groups, in the order `gpuguard --help` lists them.
 GROUPS = (
     serve,
+    controllers,
     workloads,
     review,
     policy,

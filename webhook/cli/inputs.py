@@ -184,10 +184,11 @@ def _namespace_of(obj: dict[str, Any], namespace: str | None, source: str) -> st
 # --- the policy -------------------------------------------------------------------------------------------
 
 
-def add_policy_argument(parser: argparse.ArgumentParser) -> None:
+def add_policy_argument(parser: argparse.ArgumentParser, default: str | None = None) -> None:
     parser.add_argument(
         "--policy",
         metavar="FILE",
+        default=default,
         help="the policy: its YAML, or the ConfigMap holding it under data.policy.yaml"
         " (default: the embedded default policy)",
     )

@@ -22,10 +22,40 @@ from kubernetes import client
 
 log = logging.getLogger("gpuguard.events")
 
-# Every reason gpuguard records, in one place: dashboards and alerts key on these.
-Reason = Literal["PolicyLoaded", "InvalidPolicy", "PriorityClassMissing"]
+# Every reason gpuguard records, in one place: dashboards and alerts key on these. The controllers'
+# Would... reasons say what audit and warn mode would have done.
+Reason = Literal[
+    "PolicyLoaded",
+    "InvalidPolicy",
+    "PriorityClassMissing",
+    # Nodes (the node health controller)
+    "DeviceUnhealthy",
+    "WouldMarkDeviceUnhealthy",
+    "NodeTainted",
+    "WouldTaintNode",
+    "NodeDrainStarted",
+    "WouldDrainNode",
+    "NodeRecovered",
+    "WouldRecoverNode",
+    "RemediationCancelled",
+    "WouldCancelRemediation",
+    "RemediationHeld",
+    "CircuitBreakerOpened",
+    "WouldOpenCircuitBreaker",
+    "CircuitBreakerClosed",
+    # Pods (the pod device-health watcher)
+    "PodEvicted",
+    "WouldEvictPod",
+    "EvictionHeld",
+    "EvictionBlocked",
+    "EvictionStuck",
+]
 REPORTING_CONTROLLER = "gpuguard.io/gpuguard"
 QUEUE_LIMIT = 256
+# The same Event (object, reason, note) recorded again within this long is not sent again: a
+# level-based controller says "would taint" on every reconcile, a reader needs it once.
+REPEAT_SECONDS = 600.0
+REPEAT_MEMORY = 10_000
 REQUEST_TIMEOUT_SECONDS = 5
 NOTE_LIMIT = 1024  # the API server refuses longer notes
 # Posts one Event body into a namespace; raises when the API server refuses or cannot be reached.
@@ -58,13 +88,25 @@ def api_sender(api: client.ApiClient) -> Send:
 
 
 class EventRecorder:
-    def __init__(self, send: Send, *, stop: threading.Event, limit: int = QUEUE_LIMIT) -> None:
+    def __init__(
+        self,
+        send: Send,
+        *,
+        stop: threading.Event,
+        limit: int = QUEUE_LIMIT,
+        repeat_seconds: float = REPEAT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.send = send
         self.stop = stop
         self.instance = socket.gethostname()
+        self.repeat_seconds = repeat_seconds
+        self.clock = clock
         self.dropped = 0
+        self.repeated = 0
         self.sent = 0
         self.failed = 0
+        self._recent: dict[tuple[str, str, str, str, str], float] = {}
         self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=limit)
         self._ready = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
@@ -74,7 +116,16 @@ class EventRecorder:
 
     def record(self, regarding: ObjectRef, reason: Reason, note: str, *, action: str, warning: bool) -> None:
         body = self._body(regarding, reason, note, action=action, warning=warning)
+        key = (regarding.kind, regarding.namespace, regarding.name, reason, body["note"])
+        now = self.clock()
         with self._ready:
+            last = self._recent.get(key)
+            if last is not None and now - last < self.repeat_seconds:
+                self.repeated += 1
+                return
+            if len(self._recent) >= REPEAT_MEMORY:
+                self._recent = {k: t for k, t in self._recent.items() if now - t < self.repeat_seconds}
+            self._recent[key] = now
             if len(self._queue) == self._queue.maxlen:
                 self.dropped += 1
             self._queue.append(body)
@@ -106,7 +157,7 @@ class EventRecorder:
                     "could not record event %s on %s %s/%s: %s",
                     body["reason"],
                     regarding["kind"],
-                    regarding["namespace"],
+                    regarding.get("namespace", ""),
                     regarding["name"],
                     why,
                 )
@@ -114,12 +165,9 @@ class EventRecorder:
     def _body(
         self, ref: ObjectRef, reason: Reason, note: str, *, action: str, warning: bool
     ) -> dict[str, Any]:
-        regarding = {
-            "apiVersion": ref.api_version,
-            "kind": ref.kind,
-            "namespace": ref.namespace,
-            "name": ref.name,
-        }
+        regarding = {"apiVersion": ref.api_version, "kind": ref.kind, "name": ref.name}
+        if ref.namespace:
+            regarding["namespace"] = ref.namespace
         if ref.uid:
             regarding["uid"] = ref.uid
         return {
@@ -127,7 +175,8 @@ class EventRecorder:
             "kind": "Event",
             # Named as client-go names them (the API server refuses a generateName ending in "."); the
             # name only has to be unique, and a clash is one lost courtesy, not an error.
-            "metadata": {"name": f"{ref.name}.{time.time_ns():x}", "namespace": ref.namespace},
+            # Events about cluster-scoped objects (Nodes) live in `default`, as client-go puts them.
+            "metadata": {"name": f"{ref.name}.{time.time_ns():x}", "namespace": ref.namespace or "default"},
             "eventTime": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": self.instance,

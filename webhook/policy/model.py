@@ -61,6 +61,9 @@ VALIDATING_RULES: tuple[RuleId, ...] = (
     "driverCompatibility",
 )
 RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard", "trustedDeviceSoftware")
+# What the controllers may do to a node or a pod, each with its own mode (`health.actions`).
+HealthAction = Literal["condition", "taint", "evict", "drain"]
+HEALTH_ACTIONS: tuple[HealthAction, ...] = ("condition", "taint", "evict", "drain")
 SYSTEM_PRIORITY_PREFIX = "system-"
 HIGHEST_USER_PRIORITY = 1_000_000_000
 LOWEST_PRIORITY = -(2**31)  # PriorityClass.value is an int32
@@ -97,6 +100,28 @@ NamespaceName = Annotated[str, Field(max_length=63, pattern=DNS_LABEL)]
 ExitCode = Annotated[int, Field(ge=1, le=255)]
 # The API server wants exit codes sorted and unique; normalising here lets users write them in any order.
 ExitCodes = Annotated[list[ExitCode], AfterValidator(lambda codes: sorted(set(codes)))]
+# Bounds of the health: section, far above any real fleet (Kubernetes supports 5,000 nodes a cluster).
+MAX_NODES = 1_000_000
+MAX_RATE_PER_MINUTE = 100_000
+# A number of nodes, or a share of them written "20%" (rounded up, as Karpenter and NHC round).
+CountOrPercent = (
+    Annotated[int, Field(ge=0, le=MAX_NODES)] | Annotated[str, Field(pattern=r"^(100|[1-9]?[0-9])%$")]
+)
+# A wait the controllers time from their own observation; 0 acts on the first sight (benchmarks, tests).
+WaitSeconds = Annotated[int, Field(ge=0, le=MAX_SECONDS)]
+
+
+def _condition_status(value: object) -> object:
+    # YAML 1.2 still reads an unquoted `status: False` as a boolean. Unlike a mode, its meaning is no
+    # guess: a condition's status is the word for that boolean, so True and False are taken as written.
+    return str(value) if isinstance(value, bool) else value
+
+
+def scaled_count(value: int | str, total: int) -> int:
+    """`value` as a number of nodes out of `total`: a count as is, a percentage rounded up."""
+    if isinstance(value, int):
+        return value
+    return -(-total * int(value.rstrip("%")) // 100)
 
 
 # A label or annotation key: an optional DNS-subdomain prefix and a name (metav1 validation's qualified name).
@@ -329,19 +354,141 @@ class LabelSelector(_Model):
 
 
 class NamespaceOverride(_Model):
-    """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access)."""
+    """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access).
+
+    `mode` and `rules` are the admission rules' modes there; `health` is the mode of what the
+    controllers do to pods there (evictions), which admission modes never change.
+    """
 
     # A name that is not a namespace name (`Kube-System`) would silently never match.
     names: list[NamespaceName] = Field(default_factory=list, max_length=MAX_NAMESPACE_NAMES)
     selector: LabelSelector | None = None
     mode: ModeField | None = None
     rules: dict[RuleId, ModeField] = Field(default_factory=dict)
+    health: ModeField | None = None
 
     @model_validator(mode="after")
     def _names_or_selector(self) -> NamespaceOverride:
         if bool(self.names) == (self.selector is not None):
             raise ValueError("give exactly one of names and selector")
         return self
+
+
+# --- health: what the controllers watch and may do -------------------------------------------------
+
+
+class HealthActionMode(_Model):
+    mode: ModeField | None = None
+
+
+class DrainAction(HealthActionMode):
+    # Share of a node's accelerator devices (percent) that must have failed before it is drained.
+    threshold: int = Field(ge=1, le=100)
+
+
+class HealthActions(_Model):
+    condition: HealthActionMode
+    taint: HealthActionMode
+    evict: HealthActionMode
+    drain: DrainAction
+
+
+class DeviceGapSignal(_Model):
+    forSeconds: WaitSeconds
+
+
+class DevicePluginSignal(_Model):
+    # The device plugin's pods: any selector matching (in `namespaces`, or anywhere when empty).
+    selectors: list[LabelSelector] = Field(max_length=MAX_PATTERNS)
+    namespaces: list[NamespaceName] = Field(max_length=MAX_PATTERNS)
+    notReadyForSeconds: WaitSeconds
+    # After the plugin (re)starts, allocatable 0 means it has not registered yet, not dead devices.
+    restartGraceSeconds: WaitSeconds
+    capacityVanishedForSeconds: WaitSeconds
+
+    def matches(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        if self.namespaces and namespace not in self.namespaces:
+            return False
+        return any(selector.matches(labels) for selector in self.selectors)
+
+
+class NodeConditionSignal(_Model):
+    type: str = Field(min_length=1, max_length=316)
+    status: Annotated[Literal["True", "False", "Unknown"], BeforeValidator(_condition_status)]
+    forSeconds: WaitSeconds
+
+
+class PodDeviceHealthSignal(_Model):
+    unknownForSeconds: WaitSeconds
+
+
+class CorrelationSignal(_Model):
+    windowSeconds: Seconds
+    minFailures: int = Field(ge=1, le=MAX_RATE_PER_MINUTE)
+
+
+class HealthSignals(_Model):
+    deviceGap: DeviceGapSignal
+    devicePlugin: DevicePluginSignal
+    nodeConditions: list[NodeConditionSignal] = Field(max_length=MAX_PATTERNS)
+    podDeviceHealth: PodDeviceHealthSignal
+    correlation: CorrelationSignal
+
+    @model_validator(mode="after")
+    def _condition_types_unique(self) -> HealthSignals:
+        types = [condition.type for condition in self.nodeConditions]
+        if len(types) != len(set(types)):
+            raise ValueError("nodeConditions: each condition type may be listed once")
+        return self
+
+
+class Recovery(_Model):
+    afterSeconds: WaitSeconds
+
+
+class Eviction(_Model):
+    retrySeconds: Seconds
+    maxRetrySeconds: Seconds
+    timeoutSeconds: Seconds
+    perNodePerMinute: int = Field(ge=1, le=MAX_RATE_PER_MINUTE)
+    perNamespacePerMinute: int = Field(ge=1, le=MAX_RATE_PER_MINUTE)
+
+    @model_validator(mode="after")
+    def _retry_order(self) -> Eviction:
+        if self.maxRetrySeconds < self.retrySeconds:
+            raise ValueError(
+                f"maxRetrySeconds ({self.maxRetrySeconds}) must be at least retrySeconds ({self.retrySeconds})"
+            )
+        return self
+
+
+class Budget(_Model):
+    maxUnhealthy: CountOrPercent
+
+
+class CircuitBreaker(_Model):
+    maxNodes: CountOrPercent
+    windowSeconds: Seconds
+
+
+class Health(_Model):
+    enabled: bool
+    mode: ModeField
+    paused: bool
+    actions: HealthActions
+    nodeSelector: LabelSelector
+    poolLabels: list[LabelKey] = Field(max_length=MAX_PATTERNS)
+    # Taint keys are qualified names, as label keys are.
+    othersRemediatingTaints: list[LabelKey] = Field(max_length=MAX_PATTERNS)
+    signals: HealthSignals
+    recovery: Recovery
+    eviction: Eviction
+    budget: Budget
+    circuitBreaker: CircuitBreaker
+
+    def pool_of(self, labels: Mapping[str, str]) -> str:
+        """The node's pool: the value of the first of `poolLabels` it carries; "" for none."""
+        return next((labels[key] for key in self.poolLabels if key in labels), "")
 
 
 class Policy(_Model):
@@ -353,6 +500,7 @@ class Policy(_Model):
         Field(max_length=MAX_PRIORITY_CLASSES)
     )
     namespaces: list[NamespaceOverride] = Field(max_length=MAX_NAMESPACE_ENTRIES)
+    health: Health
     _hash: str = PrivateAttr(default="")
 
     @property
@@ -424,6 +572,24 @@ class Policy(_Model):
             if override.mode is not None:
                 return override.mode
         return self.rule(rule).mode or self.mode
+
+    def health_mode(
+        self, action: HealthAction, namespace: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> Mode:
+        """The mode of one controller action: off when either kill switch is off, else the
+        namespace's `health` (evictions only), the action's own mode, then `health.mode`.
+
+        The admission modes (top-level `mode`, a namespace's `mode` and `rules`) never reach here:
+        a team enforcing admission rules has not asked for its pods to be evicted.
+        """
+        if not self.enabled or not self.health.enabled:
+            return "off"
+        if action == "evict" and namespace is not None:
+            override = self.namespace_override(namespace, labels)
+            if override is not None and override.health is not None:
+                return override.health
+        action_mode: HealthActionMode = getattr(self.health.actions, action)
+        return action_mode.mode or self.health.mode
 
     def priority_value(self, class_name: str) -> int | None:
         return self.priorityClasses.get(class_name)

@@ -1,0 +1,354 @@
+"""The controllers at fleet scale: `gpuguard controllers` against 5,000 Nodes and 50,000 Pods in a real
+kube-apiserver (etcd + kube-apiserver from tests/controlplane, as the end-to-end tests run them).
+
+    python -m bench.controllers [--nodes 5000] [--pods-per-node 10] [--samples 50]
+
+Measures the time from starting the process to its caches synced (/readyz) and to its first pass over
+every node and pod done (work queues empty), its resident memory then, and the reaction time: from a
+node's allocatable dropping (the status patch answered) to gpuguard's taint being on the node, with the
+gap's persistence set to 0. Floors: synced <= 30 s, RSS <= 300 MB, reaction p99 <= 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "tests" / "e2e"))
+
+from controlplane import LOOPBACK, ControlPlane, free_ports, http_get, spawn, without_proxies  # noqa: E402
+
+from bench.bench import rss_mb  # noqa: E402
+from webhook.policy import health  # noqa: E402
+
+GPU = "nvidia.com/gpu"
+NAMESPACE = "bench"
+PLUGIN_NAMESPACE = "gpu-operator"
+FLOOR_SYNC_S = 30.0
+FLOOR_RSS_MB = 300.0
+FLOOR_REACTION_P99_S = 2.0
+POSTERS = 8
+TAINT_POLL_S = 0.01
+
+JSON = dict[str, Any]
+say: Callable[[str], None] = lambda text: print(f"bench: {text}", file=sys.stderr, flush=True)  # noqa: E731
+
+
+def policy() -> JSON:
+    """Enforce at once: a gap acts with no persistence, and no budget or breaker holds."""
+    return {
+        "health": {
+            "mode": "enforce",
+            "signals": {"deviceGap": {"forSeconds": 0}},
+            "budget": {"maxUnhealthy": "100%"},
+            "circuitBreaker": {"maxNodes": "100%"},
+        }
+    }
+
+
+def nodes(count: int) -> Iterator[JSON]:
+    for index in range(count):
+        pool = f"pool-{index % 20}"
+        yield {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": f"gpu-{index:05d}",
+                "labels": {
+                    "karpenter.sh/nodepool": pool,
+                    "nvidia.com/gpu.present": "true",
+                    "kubernetes.io/hostname": f"gpu-{index:05d}",
+                    "node.kubernetes.io/instance-type": "p5.48xlarge",
+                    "topology.kubernetes.io/zone": f"zone-{index % 3}",
+                },
+            },
+            "status": {
+                "capacity": {"cpu": "192", "memory": "2Ti", "pods": "110", GPU: "8"},
+                "allocatable": {"cpu": "190", "memory": "1950Gi", "pods": "110", GPU: "8"},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            },
+        }
+
+
+def pods(node_count: int, per_node: int) -> Iterator[tuple[str, JSON]]:
+    """Per node: its device plugin (a DaemonSet's pod) and `per_node - 1` GPU workers, bound."""
+    for index in range(node_count):
+        node = f"gpu-{index:05d}"
+        yield (
+            PLUGIN_NAMESPACE,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"nvidia-device-plugin-{node}",
+                    "labels": {"app": "nvidia-device-plugin-daemonset"},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "DaemonSet",
+                            "name": "nvidia-device-plugin-daemonset",
+                            "uid": "00000000-0000-0000-0000-000000000001",
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "plugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}],
+                },
+            },
+        )
+        for worker in range(per_node - 1):
+            yield (
+                NAMESPACE,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"train-{index:05d}-{worker}",
+                        "labels": {"app": "train", "job-name": f"train-{index:05d}"},
+                    },
+                    "spec": {
+                        "nodeName": node,
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "registry.example/train:1",
+                                "resources": {"limits": {GPU: "1", "cpu": "16", "memory": "200Gi"}},
+                                "env": [{"name": "RANK", "value": str(worker)}],
+                            }
+                        ],
+                    },
+                },
+            )
+
+
+class Api:
+    """Raw HTTPS to the API server with the admin's certificate, one connection per thread."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.port = plane.port
+        self.context = plane.pki.admin_context()
+        self._local = threading.local()
+
+    def _conn(self) -> http.client.HTTPSConnection:
+        conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPSConnection(LOOPBACK, self.port, context=self.context, timeout=60)
+            self._local.conn = conn
+        return conn
+
+    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> JSON:
+        conn = self._conn()
+        payload = None if body is None else json.dumps(body)
+        conn.request(method, path, body=payload, headers={"Content-Type": content_type})
+        response = conn.getresponse()
+        data = response.read()
+        if response.status >= 300:
+            raise RuntimeError(f"{method} {path}: {response.status} {data[:300]!r}")
+        result: JSON = json.loads(data)
+        return result
+
+
+def create_all(api: Api, items: Iterator[tuple[str, JSON]]) -> int:
+    """POSTs every (collection path, object) with POSTERS threads; returns how many."""
+    with concurrent.futures.ThreadPoolExecutor(POSTERS) as pool:
+        futures = [pool.submit(api.call, "POST", path, obj) for path, obj in items]
+        for future in futures:
+            future.result()
+    return len(futures)
+
+
+def populate(plane: ControlPlane, api: Api, node_count: int, per_node: int) -> None:
+    for namespace in (NAMESPACE, PLUGIN_NAMESPACE):
+        plane.kubectl("create", "namespace", namespace)
+    start = time.monotonic()
+    created = create_all(api, (("/api/v1/nodes", node) for node in nodes(node_count)))
+    say(f"{created} nodes in {time.monotonic() - start:.0f} s")
+    start = time.monotonic()
+    created = create_all(
+        api, ((f"/api/v1/namespaces/{ns}/pods", pod) for ns, pod in pods(node_count, per_node))
+    )
+    say(f"{created} pods in {time.monotonic() - start:.0f} s")
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(POSTERS) as pool:
+        for future in [pool.submit(plugin_running, api, index) for index in range(node_count)]:
+            future.result()
+    say(f"{node_count} device plugin pods Ready in {time.monotonic() - start:.0f} s")
+
+
+def plugin_running(api: Api, index: int) -> None:
+    """What the kubelet reports for a device plugin that has run for an hour: Running and Ready."""
+    started = health.format_time(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1))
+    status = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": "plugin",
+                "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0",
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": started}},
+            }
+        ],
+    }
+    path = f"/api/v1/namespaces/{PLUGIN_NAMESPACE}/pods/nvidia-device-plugin-gpu-{index:05d}/status"
+    api.call("PATCH", path, {"status": status}, "application/strategic-merge-patch+json")
+
+
+class Controllers:
+    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+        (self.port,) = free_ports(1)
+        policy_path = workdir / "policy.yaml"
+        policy_path.write_text(yaml.safe_dump(policy()))
+        self.log_path = workdir / "controllers.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "webhook",
+            "controllers",
+            f"--host={LOOPBACK}",
+            f"--port={self.port}",
+            f"--kubeconfig={plane.kubeconfig}",
+            "--namespace=default",
+            f"--policy={policy_path}",
+            "--identity=bench",
+        ]
+        env = {
+            k: v for k, v in without_proxies().items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")
+        }
+        env["PYTHONPATH"] = str(REPO_ROOT)
+        self.started = time.monotonic()
+        self.process = spawn(argv, self.log_path, env, cwd=REPO_ROOT)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        return http_get(self.port, path)
+
+    def wait(self, ready: Callable[[], bool], what: str, timeout: float = 600) -> float:
+        while not ready():
+            if not self.process.running():
+                raise RuntimeError(f"controllers exited: see {self.log_path}")
+            if time.monotonic() - self.started > timeout:
+                raise TimeoutError(what)
+            time.sleep(0.05)
+        return time.monotonic() - self.started
+
+    def idle(self) -> bool:
+        code, body = self.get("/metrics")
+        if code != 200:
+            return False
+        depths = [line for line in body.decode().splitlines() if line.startswith("gpuguard_workqueue_depth{")]
+        leading = b"gpuguard_leader_election_master_status 1" in body
+        return leading and bool(depths) and all(line.endswith(" 0") for line in depths)
+
+
+def reaction(api: Api, node: str) -> float:
+    """Seconds from the answered status patch lowering allocatable to gpuguard's taint seen on the node."""
+    patch = {"status": {"allocatable": {GPU: "7"}}}
+    api.call("PATCH", f"/api/v1/nodes/{node}/status", patch, "application/strategic-merge-patch+json")
+    dropped = time.monotonic()
+    while True:
+        spec = api.call("GET", f"/api/v1/nodes/{node}")["spec"]
+        if any(t["key"] == health.TAINT_KEY for t in spec.get("taints") or []):
+            return time.monotonic() - dropped
+        if time.monotonic() - dropped > 30:
+            raise TimeoutError(f"no taint on {node} within 30 s")
+        time.sleep(TAINT_POLL_S)
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(len(ordered) * share), len(ordered) - 1)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench.controllers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods-per-node", type=int, default=10, help="a device plugin pod and GPU workers")
+    parser.add_argument(
+        "--samples", type=int, default=50, help="nodes whose allocatable drops, one at a time"
+    )
+    parser.add_argument(
+        "--bin-dir", type=Path, default=None, help="the Go-built control plane (default: build.sh's)"
+    )
+    args = parser.parse_args(argv)
+    if args.bin_dir is None:
+        build = REPO_ROOT / "tests" / "controlplane" / "build.sh"
+        built = subprocess.run(["bash", str(build)], check=True, capture_output=True, text=True)
+        args.bin_dir = Path(built.stdout.strip().splitlines()[-1])
+    bin_dir: Path = args.bin_dir
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuguard-bench-") as work,
+        ControlPlane.start(bin_dir, Path(work)) as plane,
+    ):
+        api = Api(plane)
+        populate(plane, api, args.nodes, args.pods_per_node)
+        controllers = Controllers(plane, Path(work))
+        try:
+            synced = controllers.wait(lambda: controllers.get("/readyz")[0] == 200, "caches synced")
+            synced_rss = rss_mb(controllers.process.popen.pid)
+            settled = controllers.wait(controllers.idle, "first pass over every node and pod")
+            settled_rss = rss_mb(controllers.process.popen.pid)
+            say(
+                f"synced in {synced:.1f} s ({synced_rss:.0f} MB), first pass done at {settled:.1f} s ({settled_rss:.0f} MB)"
+            )
+            times = [
+                reaction(api, f"gpu-{index * (args.nodes // args.samples):05d}")
+                for index in range(args.samples)
+            ]
+            peak_rss = rss_mb(controllers.process.popen.pid)
+        finally:
+            controllers.process.stop()
+    p50, p99 = statistics.median(times), percentile(times, 0.99)
+    rows = [
+        (
+            "caches synced (/readyz) after start",
+            f"{synced:.1f} s",
+            f"<= {FLOOR_SYNC_S:g} s",
+            synced <= FLOOR_SYNC_S,
+        ),
+        ("first pass over every node and pod done", f"{settled:.1f} s", "", True),
+        (
+            "RSS once synced / after the first pass / at the end",
+            f"{synced_rss:.0f} / {settled_rss:.0f} / {peak_rss:.0f} MB",
+            f"<= {FLOOR_RSS_MB:g} MB",
+            max(synced_rss, settled_rss, peak_rss) <= FLOOR_RSS_MB,
+        ),
+        (
+            f"allocatable dropped -> taint written, p50 / p99 / max of {len(times)}",
+            f"{p50 * 1000:.0f} / {p99 * 1000:.0f} / {max(times) * 1000:.0f} ms",
+            f"p99 <= {FLOOR_REACTION_P99_S:g} s",
+            p99 <= FLOOR_REACTION_P99_S,
+        ),
+    ]
+    print(
+        f"gpuguard controllers, {args.nodes} nodes and {args.nodes * args.pods_per_node} pods, Kubernetes {plane.version}\n"
+    )
+    print("| measurement | figure | floor | |\n|---|---|---|---|")
+    for name, figure, floor, met in rows:
+        print(f"| {name} | {figure} | {floor} | {'met' if met else '**missed**'} |")
+    return 0 if all(met for *_, met in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

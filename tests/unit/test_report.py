@@ -1,0 +1,82 @@
+"""What `gpuguard nodes` prints: the report's verdicts in the command's table, from listed facts."""
+
+from __future__ import annotations
+
+import datetime
+
+from webhook.cli import nodes as cli_nodes
+from webhook.controllers import report
+from webhook.controllers.fleet import BreakerState
+from webhook.policy import health
+from webhook.policy.health import NodeRecord
+
+from .builders import make_policy
+from .test_health import pod, raw_node
+
+NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
+POLICY = make_policy({"health": {"mode": "enforce", "budget": {"maxUnhealthy": 1}}})
+
+
+def facts(name: str, **kwargs: object) -> health.NodeFacts:
+    node = health.node_facts(raw_node(name, labels={"karpenter.sh/nodepool": "a100"}, **kwargs))  # type: ignore[arg-type]
+    assert node is not None
+    return node
+
+
+def test_the_table_shows_devices_signals_state_and_the_budget_hold() -> None:
+    five_minutes = NOW - datetime.timedelta(minutes=5)
+    acted = NodeRecord(
+        signals={"deviceGap/nvidia.com/gpu": five_minutes},
+        unhealthy_since=five_minutes,
+        admitted_at=five_minutes,
+        last_action="taint",
+        last_action_at=NOW - datetime.timedelta(minutes=4),
+    )
+    waiting = NodeRecord(signals={"deviceGap/nvidia.com/gpu": five_minutes}, unhealthy_since=five_minutes)
+    cluster = report.Cluster(
+        nodes=[
+            facts(
+                "gpu-001",
+                allocatable=7,
+                record=acted,
+                taints=[{"key": health.TAINT_KEY, "effect": "NoSchedule"}],
+            ),
+            facts("gpu-002", allocatable=6, record=waiting),
+            facts("gpu-003"),
+            facts("cpu-001", capacity=None, allocatable=None),
+        ],
+        pods=[pod(node_name="gpu-001")],
+        breaker=BreakerState(),
+    )
+    text = cli_nodes.health_table(report.plans(cluster, POLICY, NOW), cluster.breaker, NOW)
+    lines = text.splitlines()
+    assert lines[0].split() == ["NODE", "POOL", "DEVICES", "SIGNALS", "STATE", "LAST", "ACTION", "SINCE"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:4]}
+    assert rows["gpu-001"] == [
+        "a100",
+        "nvidia.com/gpu=7/8",
+        "deviceGap",
+        "unhealthy",
+        "taint",
+        "4m",
+        "ago",
+        "5m",
+    ]
+    assert rows["gpu-002"][3] == "unhealthy,held"
+    assert rows["gpu-003"][2:4] == ["<none>", "healthy"]
+    assert "cpu-001" not in text
+    assert lines[-1] == "circuit breaker: closed"
+
+
+def test_explain_says_why_a_node_is_held_and_what_comes_next() -> None:
+    cluster = report.Cluster(
+        nodes=[facts("gpu-002", allocatable=7)],
+        pods=[],
+        breaker=BreakerState(True, NOW, "3 of 4 nodes due", None, ""),
+    )
+    (row,) = report.plans(cluster, POLICY, NOW)
+    text = cli_nodes.explain(row, POLICY, cluster.breaker, NOW)
+    assert "deviceGap/nvidia.com/gpu: nvidia.com/gpu: 1 of 8 devices unhealthy" in text
+    assert "due in 5m" in text
+    assert "Modes:       condition enforce, taint enforce, drain enforce, evict enforce" in text
+    assert text.rstrip().endswith("(gpuguard nodes reset-breaker)")

@@ -1,0 +1,313 @@
+"""The composition root of `gpuguard controllers`: what runs on every replica, what only the leader runs.
+
+Every replica: the policy (file or ConfigMap, last good kept), the informers (Nodes, Pods, Namespaces,
+the breaker's ConfigMap), the Event sender and the probes (HTTP: /healthz, /readyz once the caches
+synced, /metrics, /policy). Only the leader, once its caches synced and it holds the Lease: the node
+health controller and the pod device-health watcher. The standby keeps warm caches, so it takes over
+within the lease duration of a leader's death, and at once when the leader stops cleanly (it releases
+the Lease on SIGTERM). A leader that loses its Lease exits with status 1: the other replica may act.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from webhook import probes
+from webhook.controllers import series
+from webhook.controllers.fleet import Breaker, EvictionRateLimits, Ledger, PodIndex
+from webhook.controllers.nodehealth import NodeHealth
+from webhook.controllers.podhealth import PodHealth
+from webhook.kube import facts, remediation
+from webhook.kube.client import ApiClient, api_client, metadata_of
+from webhook.kube.events import EventRecorder, ObjectRef, api_sender
+from webhook.kube.informer import Change, Informer
+from webhook.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector, LeaseStore
+from webhook.kube.policy_source import PolicyConfigMap
+from webhook.metrics import LabelValues, Registry
+from webhook.policy import health
+from webhook.policy.health import NodeFacts, PodFacts
+from webhook.policy.model import CONFIGMAP_KEY, Policy
+from webhook.policy_store import FileWatcher, PolicyStore, initial_policy
+
+LEASE_NAME = "gpuguard-controllers"
+STATE_CONFIGMAP = "gpuguard-remediation"
+EXIT_LOST_LEASE = 1
+
+log = logging.getLogger("gpuguard.controllers")
+
+
+@dataclass(frozen=True)
+class Options:
+    namespace: str
+    host: str = "0.0.0.0"
+    port: int = 8081
+    kubeconfig: str | None = None
+    policy_file: Path | None = None
+    policy_configmap: str | None = None
+    identity: str = ""
+    lease_seconds: float = LEASE_SECONDS
+    renew_deadline: float = RENEW_DEADLINE_SECONDS
+    retry_seconds: float = RETRY_SECONDS
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _node(raw: dict[str, Any]) -> tuple[Hashable, NodeFacts] | None:
+    node = health.node_facts(raw)
+    return (node.name, node) if node is not None else None
+
+
+def _pod(raw: dict[str, Any]) -> tuple[Hashable, PodFacts] | None:
+    pod = health.pod_facts(raw)
+    return (pod.key, pod) if pod is not None else None
+
+
+def _state(raw: dict[str, Any]) -> tuple[Hashable, dict[str, str]] | None:
+    data = raw.get("data")
+    return str(metadata_of(raw).get("name", "")), dict(data) if isinstance(data, dict) else {}
+
+
+class ControllerManager:
+    def __init__(self, options: Options, stop: threading.Event) -> None:
+        self.options = options
+        self.stop = stop
+        self.lost_lease = False
+        api = api_client(options.kubeconfig)
+        initial, source, self._policy_bytes = initial_policy(options.policy_file)
+        self.store = PolicyStore(initial, source=source)
+        self.events = EventRecorder(api_sender(api), stop=stop)
+        self.registry = Registry()
+        self.nodes: Informer[NodeFacts] = Informer("nodes", remediation.nodes(api), _node, stop=stop)
+        self.pods: Informer[PodFacts] = Informer("pods", remediation.pods(api), _pod, stop=stop)
+        self.namespaces: Informer[dict[str, str]] = Informer(
+            "namespaces", remediation.namespaces(api), facts.namespace_labels, stop=stop
+        )
+        self.state: Informer[dict[str, str]] = Informer(
+            "remediation state",
+            remediation.config_map(api, options.namespace, STATE_CONFIGMAP),
+            _state,
+            stop=stop,
+        )
+        self.informers: list[Informer[Any]] = [self.nodes, self.pods, self.namespaces, self.state]
+        self.ledger = Ledger()
+        self.index = PodIndex()
+        self.breaker = Breaker(remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP), _now)
+        self.pod_health = PodHealth(
+            pods=self.pods,
+            nodes=self.nodes,
+            namespace_labels=self._namespace_labels,
+            breaker=self.breaker,
+            limits=EvictionRateLimits(clock=lambda: _now().timestamp()),
+            policy=lambda: self.store.policy,
+            evictions=remediation.Evictor(api),
+            events=self.events,
+            registry=self.registry,
+            clock=_now,
+            stop=stop,
+        )
+        self.node_health = NodeHealth(
+            nodes=self.nodes,
+            pods=self.pods,
+            index=self.index,
+            ledger=self.ledger,
+            breaker=self.breaker,
+            policy=lambda: self.store.policy,
+            writes=remediation.NodeWriter(api),
+            events=self.events,
+            registry=self.registry,
+            clock=_now,
+            on_drain=lambda node: self.pod_health.enqueue(self.index.keys_on(node)),
+            stop=stop,
+        )
+        self.nodes.on_change(self.node_health.node_changed)
+        self.pods.on_change(self._pod_changed)
+        self.state.on_snapshot(self._state_changed)
+        self.probes = probes.Probes(detail=self._detail, metrics=self.registry.render, status=self._status)
+        self.probes.add_readiness_check("caches", self.synced)
+        self._policy_source(api)
+        identity = options.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        self.elector = LeaderElector(
+            LeaseStore(api, options.namespace, LEASE_NAME, timeout=max(options.renew_deadline / 2, 1.0)),
+            identity,
+            stop=stop,
+            on_started=self._lead,
+            on_stopped=self._lose,
+            lease_seconds=options.lease_seconds,
+            renew_deadline=options.renew_deadline,
+            retry_seconds=options.retry_seconds,
+        )
+        series.register(
+            self.registry,
+            node_health=self._node_states,
+            breaker_open=lambda: self.breaker.state.open,
+            held_nodes=lambda: len(self.ledger.held()),
+            queue_depths=lambda: [
+                ("node-health", len(self.node_health.controller.queue)),
+                ("pod-health", len(self.pod_health.controller.queue)),
+            ],
+            leader=lambda: self.elector.leading,
+        )
+
+    # --- wiring --------------------------------------------------------------------------------------
+
+    def _policy_source(self, api: ApiClient) -> None:
+        if self.options.policy_file is not None:
+            watcher = FileWatcher(self.options.policy_file, self.store, self.stop, loaded=self._policy_bytes)
+            watcher.thread.start()
+            # Not ready without it: a replica that no longer sees edits would miss the kill switch too.
+            self.probes.add_readiness_check("policy file", watcher.thread.is_alive)
+        if not self.options.policy_configmap:
+            self.store.on_loaded = self._policy_loaded
+            return
+        namespace, _, name = self.options.policy_configmap.partition("/")
+        source = f"ConfigMap {namespace}/{name}"
+        configmap = PolicyConfigMap(
+            api,
+            namespace,
+            name,
+            key=CONFIGMAP_KEY,
+            offer=lambda text: self.store.offer(text, source=source),
+            events=self.events,
+            stop=self.stop,
+        )
+        self.store.on_error = lambda error: configmap.event("InvalidPolicy", error, warning=True)
+
+        def loaded(policy: Policy) -> None:
+            configmap.event(
+                "PolicyLoaded", f"policy {policy.hash} is active in the controllers", warning=False
+            )
+            self._policy_loaded(policy)
+
+        self.store.on_loaded = loaded
+        self.informers.append(configmap.informer)
+
+    def _policy_loaded(self, policy: Policy) -> None:
+        """Another policy may select other nodes, pools or modes: decide on everything again."""
+        for node in self.nodes.snapshot().values():
+            self.ledger.classify(node, policy)
+        if self.elector.leading:
+            self.node_health.enqueue_all()
+            self.pod_health.enqueue_all()
+
+    def _pod_changed(self, change: Change[PodFacts]) -> None:
+        self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
+        self.pod_health.pod_changed(change)
+
+    def _state_changed(self, snapshot: Mapping[Hashable, dict[str, str]] | None) -> None:
+        if snapshot is None:
+            return  # unreadable for now: keep the breaker as it was
+        if self.breaker.observe(snapshot.get(STATE_CONFIGMAP)) and self.elector.leading:
+            closed = self.breaker.state
+            note = f"circuit breaker closed by {closed.closed_by or 'an operator'}; remediation resumes"
+            log.warning(note)
+            regarding = ObjectRef("v1", "ConfigMap", self.options.namespace, STATE_CONFIGMAP)
+            self.events.record(
+                regarding, "CircuitBreakerClosed", note, action="CloseCircuitBreaker", warning=False
+            )
+            for name in self.ledger.held():
+                self.node_health.controller.enqueue(name)
+            self.pod_health.enqueue_all()
+
+    def _namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        return self.namespaces.get(namespace)
+
+    def synced(self) -> bool:
+        return all(informer.has_synced() or not informer.served for informer in self.informers)
+
+    def _node_states(self) -> list[LabelValues]:
+        return [(node, pool, state) for node, pool, state in self.ledger.states()]
+
+    def _detail(self) -> str:
+        return f"{'leader' if self.elector.leading else 'standby'} policy={self.store.policy.hash}"
+
+    def _status(self) -> dict[str, object]:
+        breaker = self.breaker.state
+        return {
+            **self.store.status().as_json(),
+            "enabled": self.store.policy.enabled and self.store.policy.health.enabled,
+            "unavailableLookups": [i.name for i in self.informers if not i.served],
+            "role": "leader" if self.elector.leading else "standby",
+            "identity": self.elector.identity,
+            "leader": self.elector.holder,
+            "breaker": breaker.to_data(),
+            "heldNodes": self.ledger.held(),
+        }
+
+    # --- leadership ----------------------------------------------------------------------------------
+
+    def _lead(self) -> None:
+        policy = self.store.policy
+        # The records the nodes carry count against budgets before the first decision.
+        self.ledger.seed(self.nodes.snapshot().values(), policy)
+        self.node_health.controller.start()
+        self.pod_health.controller.start()
+        self.node_health.enqueue_all()
+        self.pod_health.enqueue_all()
+
+    def _lose(self) -> None:
+        self.lost_lease = True
+        self.stop.set()
+
+    def _campaign(self) -> None:
+        """Stands for election once every cache has synced: a leader acts on complete knowledge."""
+        while not self.synced():
+            if self.stop.wait(0.2):
+                return
+        self.elector.run()
+
+    # --- running -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.events.start()
+        for informer in self.informers:
+            informer.start()
+        threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
+
+    def shutdown(self) -> None:
+        """Stops the controllers (a reconcile in flight finishes), then gives up the Lease."""
+        self.stop.set()
+        self.node_health.controller.shutdown()
+        self.pod_health.controller.shutdown()
+        if not self.lost_lease:
+            self.elector.release()
+
+
+def run(options: Options) -> int:
+    import uvicorn  # the probes' server, only to run
+
+    stop = threading.Event()
+    manager = ControllerManager(options, stop)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            probes.create_app(manager.probes),
+            host=options.host,
+            port=options.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+        )
+    )
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    serving = threading.Thread(target=server.run, name="probes", daemon=True)
+    serving.start()
+    manager.start()
+    stop.wait()
+    manager.shutdown()
+    server.should_exit = True
+    serving.join(timeout=5)
+    if manager.lost_lease:
+        log.error("exiting: the Lease was lost and the other replica may act")
+        return EXIT_LOST_LEASE
+    return 0

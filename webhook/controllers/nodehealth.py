@@ -1,0 +1,308 @@
+"""The node health controller: one key per Node, `health.plan_node` decides, this writes the difference.
+
+Writes are the difference between the node as cached and as the plan wants it, sent at the cached
+resourceVersion: the condition through a strategic merge patch of the status (conditions merge by type,
+so others' stay), then taint, cordon and gpuguard's record in one merge patch of the node, so that what
+gpuguard did and its record of it can never part. A 409 means the cache is behind the node; the watch
+event on its way brings the node back to the queue, and the decision is taken again on what it says.
+
+One worker: budget and breaker decisions are taken one node at a time, from the ledger, which holds
+each node's latest plan as soon as it is made (not when the cache catches up with its write).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Protocol
+
+from webhook.controllers import series
+from webhook.controllers.fleet import Breaker, Ledger, PodIndex
+from webhook.kube.controller import Controller, Result
+from webhook.kube.events import EventRecorder, ObjectRef, Reason
+from webhook.kube.informer import Change, Informer
+from webhook.kube.remediation import ConflictError, NotFoundError
+from webhook.metrics import Registry
+from webhook.policy import health
+from webhook.policy.health import (
+    CONDITION_TYPE,
+    RECORD_ANNOTATION,
+    TAINT_KEY,
+    Fleet,
+    NodeFacts,
+    NodePlan,
+    NodeRecord,
+    PodFacts,
+    Step,
+    Taint,
+)
+from webhook.policy.model import Policy, scaled_count
+
+# A node whose write conflicted is looked at again after this, should no watch event bring it back.
+CONFLICT_RECHECK_SECONDS = 1.0
+EVENT_REASONS: dict[tuple[str, str], Reason] = {
+    ("condition", "do"): "DeviceUnhealthy",
+    ("condition", "would"): "WouldMarkDeviceUnhealthy",
+    ("taint", "do"): "NodeTainted",
+    ("taint", "would"): "WouldTaintNode",
+    ("drain", "do"): "NodeDrainStarted",
+    ("drain", "would"): "WouldDrainNode",
+    ("recover", "do"): "NodeRecovered",
+    ("recover", "would"): "WouldRecoverNode",
+    ("cancel", "do"): "RemediationCancelled",
+    ("cancel", "would"): "WouldCancelRemediation",
+}
+OUTCOMES = {"do": "done", "would": "would", "hold": "held"}
+
+log = logging.getLogger("gpuguard.nodehealth")
+
+
+class NodeWrites(Protocol):
+    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
+
+    def patch_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def persists(policy: Policy) -> bool:
+    """Records go on the nodes once any node action is enforced; before that nothing is written."""
+    return any(policy.health_mode(action) == "enforce" for action in ("condition", "taint", "drain"))
+
+
+def disrupts(policy: Policy) -> bool:
+    return any(policy.health_mode(action) == "enforce" for action in ("taint", "drain", "evict"))
+
+
+class NodeHealth:
+    def __init__(
+        self,
+        *,
+        nodes: Informer[NodeFacts],
+        pods: Informer[PodFacts],
+        index: PodIndex,
+        ledger: Ledger,
+        breaker: Breaker,
+        policy: Callable[[], Policy],
+        writes: NodeWrites,
+        events: EventRecorder,
+        registry: Registry,
+        clock: Callable[[], datetime.datetime],
+        on_drain: Callable[[str], None],
+        stop: threading.Event,
+    ) -> None:
+        self.nodes = nodes
+        self.pods = pods
+        self.index = index
+        self.ledger = ledger
+        self.breaker = breaker
+        self.policy = policy
+        self.writes = writes
+        self.events = events
+        self.registry = registry
+        self.clock = clock
+        self.on_drain = on_drain
+        self.controller: Controller[str] = Controller(
+            "node-health",
+            self.reconcile,
+            stop=stop,
+            observe=lambda outcome, seconds: self._observed(outcome, seconds),
+        )
+        self._reported_errors: set[str] = set()
+
+    def _observed(self, outcome: str, seconds: float) -> None:
+        self.registry.inc(series.RECONCILES, "node-health", outcome)
+        self.registry.observe(series.RECONCILE_SECONDS, seconds, "node-health")
+
+    # --- informer handlers (the informer's thread) ---------------------------------------------------
+
+    def node_changed(self, change: Change[NodeFacts]) -> None:
+        name = str(change.key)
+        if change.new is None:
+            self.ledger.forget(name)
+        else:
+            self.ledger.classify(change.new, self.policy())
+        self.controller.enqueue(name)
+        if change.new is not None and change.new.record is not None and change.new.record.draining_since:
+            self.on_drain(name)
+
+    def pods_changed(self, nodes: tuple[str, ...]) -> None:
+        for name in nodes:
+            self.controller.enqueue(name)
+
+    def enqueue_all(self) -> None:
+        for name in self.nodes.snapshot():
+            self.controller.enqueue(str(name))
+
+    # --- reconcile -----------------------------------------------------------------------------------
+
+    def reconcile(self, name: str) -> Result:
+        facts = self.nodes.get(name)
+        if facts is None:
+            self.ledger.forget(name)
+            return Result()
+        if facts.record_error and name not in self._reported_errors:
+            self._reported_errors.add(name)
+            log.warning("node %s: %s; it is read as no record", name, facts.record_error)
+        policy = self.policy()
+        now = self.clock()
+        persist = persists(policy)
+        record = self._record(facts, persist)
+        pods = [pod for key in self.index.keys_on(name) if (pod := self.pods.get(key)) is not None]
+        pool = policy.health.pool_of(facts.labels)
+        breaker = self.breaker.state
+        fleet = Fleet(
+            pool_nodes=max(self.ledger.pool_size(pool), 1),
+            pool_admitted=self.ledger.admitted_in(pool, excluding=name),
+            breaker_open=breaker.open,
+        )
+        previous = self.ledger.entry(name)
+        plan = health.plan_node(facts, pods, policy, fleet, now, record)
+        self.ledger.update(name, plan, persisted=persist, now=now)
+        if not breaker.open and self._trips(plan, policy, now, breaker.closed_at):
+            plan = health.plan_node(facts, pods, policy, replace(fleet, breaker_open=True), now, record)
+            self.ledger.update(name, plan, persisted=persist, now=now)
+        if (
+            previous is not None
+            and previous.record
+            and previous.record.admitted_at
+            and not plan.budget_slot()
+        ):
+            # A place in the budget came free: the nodes held for it need not wait for their recheck.
+            for held in self.ledger.held():
+                self.controller.enqueue(held)
+        if not plan.hands_off:
+            try:
+                self._write(facts, plan, persist=persist, now=now)
+            except ConflictError:
+                log.debug("node %s changed since it was cached; deciding again", name)
+                return Result(requeue_after=CONFLICT_RECHECK_SECONDS)
+            except NotFoundError:
+                return Result()  # deleted meanwhile: its watch event forgets it
+        self._report(facts, plan, policy)
+        if any(step.action == "drain" and step.effect == "do" for step in plan.steps):
+            self.on_drain(name)
+        return Result(requeue_after=plan.requeue_after)
+
+    def _record(self, facts: NodeFacts, persist: bool) -> NodeRecord | None:
+        """What gpuguard knows of the node: the record on it, or the one kept in memory while nothing
+        may be written (audit, warn; a node left alone). A record only simulated in audit mode is
+        never taken for what was done once the policy enforces."""
+        memory = self.ledger.memory(facts.name)
+        if not persist:
+            return memory or facts.record
+        entry = self.ledger.entry(facts.name)
+        return memory if memory is not None and entry is not None and entry.hands_off else facts.record
+
+    def _trips(
+        self, plan: NodePlan, policy: Policy, now: datetime.datetime, closed_at: datetime.datetime | None
+    ) -> bool:
+        if plan.hands_off or plan.record is None or plan.record.unhealthy_since is None:
+            return False
+        demand = self.ledger.unhealthy_since()
+        fleet = self.ledger.fleet_size()
+        if not health.breaker_trips(demand, fleet, policy, now, closed_at):
+            return False
+        breaker = policy.health.circuitBreaker
+        reason = (
+            f"{sum(1 for t in demand if t >= now - datetime.timedelta(seconds=breaker.windowSeconds))} of {fleet}"
+            f" accelerator nodes became due for remediation within {breaker.windowSeconds} s;"
+            f" circuitBreaker.maxNodes {breaker.maxNodes} allows {scaled_count(breaker.maxNodes, fleet)}"
+        )
+        enforced = disrupts(policy)
+        if not self.breaker.trip(reason, persist=enforced):
+            return False
+        self.registry.inc(series.REMEDIATIONS, "breaker", "done" if enforced else "would")
+        log.error("circuit breaker opened: %s", reason, extra={"fields": {"reason": reason}})
+        reason_name: Reason = "CircuitBreakerOpened" if enforced else "WouldOpenCircuitBreaker"
+        self.events.record(
+            _ref(plan.assessment.node), reason_name, reason, action="OpenCircuitBreaker", warning=True
+        )
+        return True
+
+    def _write(self, facts: NodeFacts, plan: NodePlan, *, persist: bool, now: datetime.datetime) -> None:
+        version = facts.resource_version
+        if plan.condition != facts.condition:
+            conditions = [_condition(facts, plan, now)]
+            patch = {"metadata": {"resourceVersion": version}, "status": {"conditions": conditions}}
+            version = _version(self.writes.patch_status(facts.name, patch))
+        node_patch: dict[str, Any] = {}
+        if plan.tainted != facts.tainted:
+            taints = [taint.to_raw() for taint in facts.taints if taint.key != TAINT_KEY]
+            if plan.tainted:
+                taints.append(Taint(TAINT_KEY, "", "NoSchedule").to_raw())
+            node_patch.setdefault("spec", {})["taints"] = taints
+        if plan.unschedulable != facts.unschedulable:
+            node_patch.setdefault("spec", {})["unschedulable"] = True if plan.unschedulable else None
+        if persist and _record_text(plan.record) != _record_text(facts.record):
+            node_patch["metadata"] = {"annotations": {RECORD_ANNOTATION: _record_text(plan.record)}}
+        if node_patch:
+            node_patch.setdefault("metadata", {})["resourceVersion"] = version
+            self.writes.patch(facts.name, node_patch)
+
+    def _report(self, facts: NodeFacts, plan: NodePlan, policy: Policy) -> None:
+        for step in plan.steps:
+            self.registry.inc(series.REMEDIATIONS, step.action, OUTCOMES[step.effect])
+            reason = EVENT_REASONS.get((step.action, step.effect), "RemediationHeld")
+            warning = (
+                step.effect == "hold"
+                or step.mode == "warn"
+                or (step.effect == "do" and step.action != "recover")
+            )
+            note = step.note if step.effect != "hold" else f"{step.action} held: {step.note}"
+            self.events.record(
+                _ref(facts.name, facts.uid), reason, note, action=_action(step), warning=warning
+            )
+            log.info(
+                "node %s: %s %s",
+                facts.name,
+                step.action,
+                {"do": "done", "would": f"would be done ({step.mode} mode)", "hold": "held"}[step.effect],
+                extra={
+                    "fields": {
+                        "node": facts.name,
+                        "action": step.action,
+                        "effect": step.effect,
+                        "note": step.note,
+                    }
+                },
+            )
+
+
+def _ref(name: str, uid: str = "") -> ObjectRef:
+    return ObjectRef("v1", "Node", "", name, uid)
+
+
+def _action(step: Step) -> str:
+    return {
+        "condition": "MarkUnhealthy",
+        "taint": "Taint",
+        "drain": "Drain",
+        "recover": "Recover",
+        "cancel": "Cancel",
+    }[step.action]
+
+
+def _version(raw: dict[str, Any]) -> str:
+    return str(raw["metadata"]["resourceVersion"])
+
+
+def _record_text(record: NodeRecord | None) -> str | None:
+    return record.to_json() if record is not None else None
+
+
+def _condition(facts: NodeFacts, plan: NodePlan, now: datetime.datetime) -> dict[str, Any]:
+    if plan.condition is None:
+        return {"type": CONDITION_TYPE, "$patch": "delete"}
+    entry: dict[str, Any] = {
+        "type": CONDITION_TYPE,
+        "status": plan.condition.status,
+        "reason": plan.condition.reason,
+        "message": plan.condition.message,
+    }
+    if facts.condition is None or facts.condition.status != plan.condition.status:
+        # A condition's lastTransitionTime moves only when its status does.
+        entry["lastTransitionTime"] = health.format_time(now)
+        entry["lastHeartbeatTime"] = health.format_time(now)
+    return entry

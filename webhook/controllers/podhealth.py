@@ -1,0 +1,202 @@
+"""The pod device-health watcher: one key per Pod, `health.pod_verdict` decides, the Eviction API acts.
+
+Evicting (never deleting) is what makes a failed device cost a Job nothing: the API server checks the
+pod's PodDisruptionBudget, adds `DisruptionTarget` (EvictionByEvictionAPI) before the pod terminates,
+and the Job's `DisruptionTarget -> Ignore` rule (gpuguard's webhook injects it) then retries the pod
+without counting it against `backoffLimit`. A refused eviction (429) is retried with backoff and
+reported stuck after `health.eviction.timeoutSeconds`; it is never turned into a delete.
+
+Pods are evicted for a device they hold that is Unhealthy (or Unknown for long enough), or because
+their node is drained. The breaker, the pause, the node's exclusion label and the per-node and
+per-namespace rate limits hold evictions back; a namespace's `health` mode says whether they happen.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from webhook.controllers import series
+from webhook.controllers.fleet import Breaker, EvictionRateLimits
+from webhook.kube.controller import Controller, Result
+from webhook.kube.events import EventRecorder, ObjectRef, Reason
+from webhook.kube.informer import Change, Informer
+from webhook.kube.remediation import EvictionOutcome
+from webhook.metrics import Registry
+from webhook.policy import health
+from webhook.policy.health import EXCLUDE_LABEL, HELD_RECHECK_SECONDS, NodeFacts, PodFacts, PodVerdict
+from webhook.policy.model import Policy
+
+WORKERS = 2
+
+log = logging.getLogger("gpuguard.podhealth")
+
+
+class Evictions(Protocol):
+    def evict(self, namespace: str, name: str, uid: str) -> EvictionOutcome: ...
+
+
+@dataclass
+class _Attempts:
+    first: datetime.datetime
+    refused: int = 0
+    stuck: bool = False
+
+
+class PodHealth:
+    def __init__(
+        self,
+        *,
+        pods: Informer[PodFacts],
+        nodes: Informer[NodeFacts],
+        namespace_labels: Callable[[str], Mapping[str, str] | None],
+        breaker: Breaker,
+        limits: EvictionRateLimits,
+        policy: Callable[[], Policy],
+        evictions: Evictions,
+        events: EventRecorder,
+        registry: Registry,
+        clock: Callable[[], datetime.datetime],
+        stop: threading.Event,
+    ) -> None:
+        self.pods = pods
+        self.nodes = nodes
+        self.namespace_labels = namespace_labels
+        self.breaker = breaker
+        self.limits = limits
+        self.policy = policy
+        self.evictions = evictions
+        self.events = events
+        self.registry = registry
+        self.clock = clock
+        self.controller: Controller[str] = Controller(
+            "pod-health", self.reconcile, stop=stop, workers=WORKERS, observe=self._observed
+        )
+        self._unknown_since: dict[str, datetime.datetime] = {}
+        self._attempts: dict[str, _Attempts] = {}
+        self._lock = threading.Lock()
+
+    def _observed(self, outcome: str, seconds: float) -> None:
+        self.registry.inc(series.RECONCILES, "pod-health", outcome)
+        self.registry.observe(series.RECONCILE_SECONDS, seconds, "pod-health")
+
+    def pod_changed(self, change: Change[PodFacts]) -> None:
+        self.controller.enqueue(str(change.key))
+
+    def enqueue(self, keys: list[str]) -> None:
+        for key in keys:
+            self.controller.enqueue(key)
+
+    def enqueue_all(self) -> None:
+        keys: list[Hashable] = list(self.pods.snapshot())
+        self.enqueue([str(key) for key in keys])
+
+    def draining(self, node: NodeFacts | None, policy: Policy) -> bool:
+        """The node is being drained for real (a drain in audit mode only says it would be)."""
+        if node is None or node.record is None or policy.health_mode("drain") != "enforce":
+            return False
+        return node.record.draining_since is not None and node.record.cancelled_at is None
+
+    def reconcile(self, key: str) -> Result:
+        pod = self.pods.get(key)
+        if pod is None:
+            self._forget(key)
+            return Result()
+        policy = self.policy()
+        now = self.clock()
+        node = self.nodes.get(pod.node) if pod.node else None
+        with self._lock:
+            if health.has_unknown_device(pod):
+                unknown_since = self._unknown_since.setdefault(key, now)
+            else:
+                unknown_since = None
+                self._unknown_since.pop(key, None)
+        verdict = health.pod_verdict(
+            pod, policy, now, draining=self.draining(node, policy), unknown_since=unknown_since
+        )
+        if not verdict.evict:
+            with self._lock:
+                self._attempts.pop(key, None)
+            return Result(requeue_after=verdict.requeue_after)
+        mode = policy.health_mode("evict", pod.namespace, self.namespace_labels(pod.namespace))
+        if mode == "off":
+            return Result()
+        if mode != "enforce":
+            self._record(
+                pod, "WouldEvictPod", f"would evict ({mode} mode): {verdict.message}", warning=mode == "warn"
+            )
+            self.registry.inc(series.REMEDIATIONS, "evict", "would")
+            return Result()
+        held = self._held(pod, node, policy)
+        if held:
+            self._record(pod, "EvictionHeld", f"eviction held: {held}; {verdict.message}", warning=True)
+            self.registry.inc(series.REMEDIATIONS, "evict", "held")
+            return Result(requeue_after=HELD_RECHECK_SECONDS)
+        wait = self.limits.wait(pod.node, pod.namespace, policy)
+        if wait > 0:
+            return Result(requeue_after=wait)
+        return self._evict(key, pod, verdict, policy, now)
+
+    def _held(self, pod: PodFacts, node: NodeFacts | None, policy: Policy) -> str:
+        if policy.health.paused:
+            return "remediation is paused (health.paused)"
+        if node is not None and node.labels.get(EXCLUDE_LABEL) == "true":
+            return f"node {node.name} is labelled {EXCLUDE_LABEL}=true"
+        if self.breaker.state.open:
+            return "circuit breaker open"
+        return ""
+
+    def _evict(
+        self, key: str, pod: PodFacts, verdict: PodVerdict, policy: Policy, now: datetime.datetime
+    ) -> Result:
+        outcome = self.evictions.evict(pod.namespace, pod.name, pod.uid)
+        if outcome.result == "gone":
+            self._forget(key)
+            return Result()
+        if outcome.result == "evicted":
+            self._forget(key)
+            self.limits.taken(pod.node, pod.namespace)
+            self.registry.inc(series.REMEDIATIONS, "evict", "done")
+            self._record(
+                pod, "PodEvicted", f"evicted through the Eviction API: {verdict.message}", warning=True
+            )
+            log.info(
+                "evicted %s: %s",
+                key,
+                verdict.message,
+                extra={"fields": {"pod": key, "node": pod.node, "reason": verdict.reason}},
+            )
+            return Result()
+        with self._lock:
+            attempts = self._attempts.setdefault(key, _Attempts(first=now))
+            attempts.refused += 1
+            waited = (now - attempts.first).total_seconds()
+            newly_stuck = waited >= policy.health.eviction.timeoutSeconds and not attempts.stuck
+            attempts.stuck = attempts.stuck or newly_stuck
+            refused = attempts.refused
+        if newly_stuck:
+            self.registry.inc(series.REMEDIATIONS, "evict", "stuck")
+            note = (
+                f"eviction refused for {waited:.0f} s ({refused} attempts), still retrying: {outcome.message}"
+            )
+            self._record(pod, "EvictionStuck", note, warning=True)
+            log.error("eviction of %s is stuck: %s", key, outcome.message, extra={"fields": {"pod": key}})
+        else:
+            self.registry.inc(series.REMEDIATIONS, "evict", "blocked")
+            self._record(
+                pod, "EvictionBlocked", f"eviction refused, will retry: {outcome.message}", warning=True
+            )
+        return Result(requeue_after=health.eviction_retry_seconds(policy, refused))
+
+    def _record(self, pod: PodFacts, reason: Reason, note: str, *, warning: bool) -> None:
+        ref = ObjectRef("v1", "Pod", pod.namespace, pod.name, pod.uid)
+        self.events.record(ref, reason, note, action="Evict", warning=warning)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._attempts.pop(key, None)
+            self._unknown_since.pop(key, None)

@@ -1,0 +1,98 @@
+"""What `gpuguard nodes` reports: the accelerator nodes' device health as the controllers see it.
+
+The verdicts are the controllers' own (`health.plan_node` over the listed Nodes and Pods, the records
+on the nodes and the breaker's ConfigMap), computed here and now; nothing is written, except by
+`reset_breaker`, which closes the circuit breaker in its ConfigMap. The command line (webhook.cli.nodes)
+prints them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from webhook.controllers.fleet import BreakerState, Ledger
+from webhook.kube import remediation
+from webhook.kube.client import ApiClient
+from webhook.kube.informer import ListWatch
+from webhook.policy import health
+from webhook.policy.health import Fleet, NodeFacts, NodePlan, PodFacts
+from webhook.policy.model import CONFIGMAP_KEY, Policy, default_policy, parse_policy
+
+STATE_CONFIGMAP = "gpuguard-remediation"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: list[NodeFacts]
+    pods: list[PodFacts]
+    breaker: BreakerState
+
+
+def _list(source: ListWatch) -> Iterable[dict[str, object]]:
+    token: str | None = None
+    while True:
+        page = source.list_page(token)
+        yield from page.items
+        token = page.continue_token
+        if token is None:
+            return
+
+
+def read_cluster(api: ApiClient, namespace: str) -> Cluster:
+    nodes = [n for raw in _list(remediation.nodes(api)) if (n := health.node_facts(raw)) is not None]
+    pods = [p for raw in _list(remediation.pods(api)) if (p := health.pod_facts(raw)) is not None]
+    state = remediation.ConfigMapStore(api, namespace, STATE_CONFIGMAP).read()
+    return Cluster(nodes, pods, BreakerState.from_data(state.data))
+
+
+def read_policy(api: ApiClient, configmap: str) -> tuple[Policy, str]:
+    """The policy the controllers run: the ConfigMap's (PolicyError when invalid), else the embedded one."""
+    namespace, _, name = configmap.partition("/")
+    stored = remediation.ConfigMapStore(api, namespace, name).read().data.get(CONFIGMAP_KEY)
+    if stored is not None:
+        return parse_policy(stored), f"ConfigMap {configmap}"
+    return default_policy(), "embedded default"
+
+
+@dataclass(frozen=True)
+class Row:
+    node: NodeFacts
+    # What the leader would decide now; `node.record` is what gpuguard recorded so far.
+    plan: NodePlan
+
+
+def plans(cluster: Cluster, policy: Policy, now: datetime.datetime) -> list[Row]:
+    """Every accelerator node's plan (and any node carrying gpuguard's marks), by name."""
+    ledger = Ledger()
+    ledger.seed(cluster.nodes, policy)
+    by_node: dict[str, list[PodFacts]] = {}
+    for pod in cluster.pods:
+        by_node.setdefault(pod.node, []).append(pod)
+    found = []
+    for node in sorted(cluster.nodes, key=lambda n: n.name):
+        pool = policy.health.pool_of(node.labels)
+        fleet = Fleet(
+            pool_nodes=max(ledger.pool_size(pool), 1),
+            pool_admitted=ledger.admitted_in(pool, excluding=node.name),
+            breaker_open=cluster.breaker.open,
+        )
+        plan = health.plan_node(node, by_node.get(node.name, []), policy, fleet, now)
+        if plan.assessment.accelerator or plan.record is not None or plan.steps:
+            found.append(Row(node, plan))
+    return found
+
+
+def reset_breaker(api: ApiClient, namespace: str, now: datetime.datetime) -> BreakerState | None:
+    """Closes the breaker (at the ConfigMap's version: a concurrent change fails, try again); None when
+    it was not open."""
+    store = remediation.ConfigMapStore(api, namespace, STATE_CONFIGMAP)
+    stored = store.read()
+    state = BreakerState.from_data(stored.data)
+    if not state.open:
+        return None
+    closed = BreakerState(False, state.opened_at, state.reason, now, getpass.getuser())
+    store.write({**stored.data, **closed.to_data()}, stored)
+    return closed

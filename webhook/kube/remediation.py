@@ -1,0 +1,189 @@
+"""The API calls the controllers make: patches of a Node at a known resourceVersion, evictions, and
+the ConfigMap that keeps the circuit breaker's state. Raw JSON in and out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, ResourceListWatch, raw_json
+
+FIELD_MANAGER = "gpuguard"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
+class ConflictError(Exception):
+    """The object changed since it was read (409): read it again and decide again."""
+
+
+class NotFoundError(Exception):
+    """The object is gone (404)."""
+
+
+def _translated(exc: ApiException) -> Exception:
+    if exc.status == 409:
+        return ConflictError(str(exc.reason))
+    if exc.status == 404:
+        return NotFoundError(str(exc.reason))
+    return exc
+
+
+class NodeWriter:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of the Node (metadata and spec); the patch carries the resourceVersion."""
+        return self._call(self.core.patch_node, name, patch, MERGE_PATCH)
+
+    def patch_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A strategic merge patch of the Node's status: conditions merge by type, so others' stay."""
+        return self._call(self.core.patch_node_status, name, patch, STRATEGIC_MERGE_PATCH)
+
+    @staticmethod
+    def _call(call: Any, name: str, patch: dict[str, Any], content_type: str) -> dict[str, Any]:
+        try:
+            response = call(
+                name,
+                patch,
+                field_manager=FIELD_MANAGER,
+                _content_type=content_type,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as exc:
+            raise _translated(exc) from exc
+        result: dict[str, Any] = raw_json(response)
+        return result
+
+
+EvictionResult = Literal["evicted", "blocked", "gone"]
+
+
+@dataclass(frozen=True)
+class EvictionOutcome:
+    result: EvictionResult
+    message: str = ""
+
+
+class Evictor:
+    """The Eviction API: the API server checks PodDisruptionBudgets and adds DisruptionTarget."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    def evict(self, namespace: str, name: str, uid: str) -> EvictionOutcome:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            # Only this pod: a StatefulSet's replacement of the same name is never evicted by mistake.
+            "deleteOptions": {"preconditions": {"uid": uid}} if uid else {},
+        }
+        try:
+            self.core.create_namespaced_pod_eviction(
+                name,
+                namespace,
+                client.V1Eviction.model_validate(body),
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as exc:
+            if exc.status == 429:
+                return EvictionOutcome("blocked", _status_message(exc))
+            if exc.status in (404, 409):
+                # 409: the uid precondition failed, the pod of that name is another one now.
+                return EvictionOutcome("gone", _status_message(exc))
+            raise
+        return EvictionOutcome("evicted")
+
+
+def _status_message(exc: ApiException) -> str:
+    """The Status message the API server sent (for a 429: which budget, how many pods it needs)."""
+    try:
+        status = orjson.loads(exc.body or b"{}")
+    except orjson.JSONDecodeError:
+        return str(exc.reason)
+    return str(status.get("message") or exc.reason) if isinstance(status, dict) else str(exc.reason)
+
+
+@dataclass(frozen=True)
+class StoredState:
+    data: dict[str, str]
+    resource_version: str | None
+
+
+class ConfigMapStore:
+    """One ConfigMap: read, and written whole at the version read (the circuit breaker's state)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.name = name
+
+    def read(self) -> StoredState:
+        try:
+            response = self.core.read_namespaced_config_map(
+                self.name, self.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return StoredState({}, None)
+            raise
+        raw = raw_json(response)
+        return StoredState(dict(raw.get("data") or {}), str(raw["metadata"]["resourceVersion"]))
+
+    def write(self, data: dict[str, str], read: StoredState) -> None:
+        """Creates or replaces the ConfigMap; ConflictError when it changed since `read`."""
+        metadata: dict[str, Any] = {
+            "name": self.name,
+            "namespace": self.namespace,
+            "labels": {"app.kubernetes.io/name": "gpuguard-controllers"},
+        }
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+        options: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "_preload_content": False,
+            "_request_timeout": REQUEST_TIMEOUT_SECONDS,
+        }
+        try:
+            if read.resource_version is None:
+                self.core.create_namespaced_config_map(
+                    self.namespace, client.V1ConfigMap.model_validate(body), **options
+                )
+            else:
+                metadata["resourceVersion"] = read.resource_version
+                self.core.replace_namespaced_config_map(
+                    self.name, self.namespace, client.V1ConfigMap.model_validate(body), **options
+                )
+        except ApiException as exc:
+            raise _translated(exc) from exc
+
+
+# --- what the controllers' informers list and watch -----------------------------------------------------
+
+
+def nodes(api: client.ApiClient) -> ResourceListWatch:
+    return ResourceListWatch(client.CoreV1Api(api).list_node)
+
+
+def pods(api: client.ApiClient) -> ResourceListWatch:
+    return ResourceListWatch(client.CoreV1Api(api).list_pod_for_all_namespaces)
+
+
+def namespaces(api: client.ApiClient) -> ResourceListWatch:
+    return ResourceListWatch(client.CoreV1Api(api).list_namespace)
+
+
+def config_map(api: client.ApiClient, namespace: str, name: str) -> ResourceListWatch:
+    """One ConfigMap, by field selector (what RBAC limited to one resourceName allows)."""
+    return ResourceListWatch(
+        client.CoreV1Api(api).list_namespaced_config_map,
+        namespace=namespace,
+        field_selector=f"metadata.name={name}",
+    )

@@ -1,0 +1,1054 @@
+"""Device health verdicts: plain node and pod facts in, what gpuguard should do about them out.
+
+Nothing here reads a clock, a cache or the cluster: the controllers hand in the facts (converted from
+the API objects by `node_facts` and `pod_facts`), gpuguard's own record of the node, the fleet figures
+the budget needs and `now`, and get back a plan. The plan names the node state it wants (condition,
+taint, cordon, record) with every step's effect already decided by its mode, so the caller only writes
+the difference and records the steps.
+
+Signals are timed from when gpuguard first saw them (kept in the record, on the node), never from a
+`lastTransitionTime`, which agents reset (karpenter#2833) or backdate.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from webhook.policy.model import Mode, Policy, scaled_count
+
+TAINT_KEY = "gpuguard.io/device-unhealthy"
+CONDITION_TYPE = "GPUGuardDeviceHealthy"
+RECORD_ANNOTATION = "gpuguard.io/remediation"
+EXCLUDE_LABEL = "gpuguard.io/exclude-from-remediation"
+DISRUPTION_TARGET = "DisruptionTarget"
+CLAIM_PREFIX = "claim:"
+# A node held back (budget, breaker, someone else's cordon) is looked at again this often, since what
+# holds it changes on other nodes.
+HELD_RECHECK_SECONDS = 30.0
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+HealthState = Literal["healthy", "suspect", "unhealthy", "recovering"]
+SignalKind = Literal[
+    "deviceGap", "podDevice", "podDeviceUnknown", "devicePlugin", "capacityVanished", "nodeCondition"
+]
+Effect = Literal["do", "would", "hold"]
+# The steps of the ladder as they appear in Events, metrics and `gpuguard nodes`.
+StepAction = Literal["condition", "taint", "drain", "recover", "cancel"]
+EvictReason = Literal["DeviceUnhealthy", "DeviceUnknown", "NodeDrain"]
+
+
+def _parse_time(value: object) -> datetime.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
+
+
+def format_time(moment: datetime.datetime) -> str:
+    """RFC 3339 in UTC with seconds, as the API server writes times."""
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _count(value: object) -> int | None:
+    """A device count from a quantity string; None for anything that is not a plain integer."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+# --- facts -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+    # Kept so that a rewritten taint list leaves others' NoExecute taints exactly as they were.
+    time_added: str = ""
+
+    def to_raw(self) -> dict[str, str]:
+        raw = {"key": self.key, "effect": self.effect}
+        if self.value:
+            raw["value"] = self.value
+        if self.time_added:
+            raw["timeAdded"] = self.time_added
+        return raw
+
+
+@dataclass(frozen=True, slots=True)
+class OwnCondition:
+    """gpuguard's node condition: status False while devices failed."""
+
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What gpuguard keeps on a node (the `gpuguard.io/remediation` annotation): when it first saw each
+    signal and what it did, so that a restart or a new leader reaches the same verdict and undoes only
+    its own marks."""
+
+    signals: Mapping[str, datetime.datetime] = field(default_factory=dict)
+    unhealthy_since: datetime.datetime | None = None
+    clear_since: datetime.datetime | None = None
+    # When the node took a place in its pool's budget: from then on gpuguard acts on it.
+    admitted_at: datetime.datetime | None = None
+    # gpuguard set spec.unschedulable itself (so it, and only it, undoes it).
+    cordoned: bool = False
+    draining_since: datetime.datetime | None = None
+    # An operator uncordoned what gpuguard cordoned: hands off until the node is healthy again.
+    cancelled_at: datetime.datetime | None = None
+    last_action: str = ""
+    last_action_at: datetime.datetime | None = None
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"signals": {key: format_time(t) for key, t in sorted(self.signals.items())}}
+        for name in ("unhealthy_since", "clear_since", "admitted_at", "draining_since", "cancelled_at"):
+            moment = getattr(self, name)
+            if moment is not None:
+                data[_camel(name)] = format_time(moment)
+        if self.cordoned:
+            data["cordoned"] = True
+        if self.last_action:
+            data["lastAction"] = self.last_action
+            if self.last_action_at is not None:
+                data["lastActionAt"] = format_time(self.last_action_at)
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeRecord:
+        """Raises ValueError for anything but a record this module wrote."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("the record is not a JSON object")
+        signals = {key: _parse_time(value) for key, value in _mapping(data.get("signals")).items()}
+        times = {name: _parse_time(data.get(_camel(name))) for name in _RECORD_TIMES}
+        return cls(
+            signals={key: moment for key, moment in signals.items() if moment is not None},
+            cordoned=data.get("cordoned") is True,
+            last_action=str(data.get("lastAction") or ""),
+            last_action_at=_parse_time(data.get("lastActionAt")),
+            **times,
+        )
+
+
+_RECORD_TIMES = ("unhealthy_since", "clear_since", "admitted_at", "draining_since", "cancelled_at")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    name: str
+    uid: str = ""
+    resource_version: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Extended resources only (names with a "/"): what a device plugin reports.
+    capacity: Mapping[str, int] = field(default_factory=dict)
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    # type -> status of every condition but gpuguard's own.
+    conditions: Mapping[str, str] = field(default_factory=dict)
+    condition: OwnCondition | None = None
+    unschedulable: bool = False
+    taints: tuple[Taint, ...] = ()
+    record: NodeRecord | None = None
+    # The annotation is there but unreadable (edited by hand): treated as no record, and reported.
+    record_error: str = ""
+
+    @property
+    def tainted(self) -> bool:
+        return any(taint.key == TAINT_KEY for taint in self.taints)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    container: str
+    # The allocatedResourcesStatus name: a requested resource, or claim:<claim>[/<request>].
+    resource: str
+    device: str
+    health: Literal["Unhealthy", "Unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Termination:
+    container: str
+    exit_code: int
+    finished_at: datetime.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    namespace: str
+    name: str
+    uid: str = ""
+    node: str = ""
+    phase: str = "Pending"
+    deleting: bool = False
+    owner_kind: str = ""
+    mirror: bool = False
+    # Extended resources the containers ask for, and claim:<name> for each resource claim they use.
+    requests: tuple[str, ...] = ()
+    # Kept for DaemonSet pods only (to find the device plugin): other pods need no labels here.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    ready: bool = False
+    # The latest container start: a restarted device plugin registers its devices again.
+    started_at: datetime.datetime | None = None
+    devices: tuple[DeviceHealth, ...] = ()
+    terminations: tuple[Termination, ...] = ()
+    crash_looping: bool = False
+    disruption_target: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    def holds(self, resource: str) -> bool:
+        """Whether an allocatedResourcesStatus name refers to something this pod asked for."""
+        if resource.startswith(CLAIM_PREFIX):
+            claim = resource.removeprefix(CLAIM_PREFIX).split("/", 1)[0]
+            return f"{CLAIM_PREFIX}{claim}" in self.requests
+        return resource in self.requests
+
+
+def node_facts(raw: Mapping[str, Any]) -> NodeFacts | None:
+    """The fields of a Node the verdicts read; None for an object without a name."""
+    metadata = _mapping(raw.get("metadata"))
+    name = metadata.get("name")
+    if not isinstance(name, str):
+        return None
+    spec, status = _mapping(raw.get("spec")), _mapping(raw.get("status"))
+    conditions: dict[str, str] = {}
+    own: OwnCondition | None = None
+    for condition in status.get("conditions") or []:
+        if not isinstance(condition, dict) or not isinstance(condition.get("type"), str):
+            continue
+        if condition["type"] == CONDITION_TYPE:
+            own = OwnCondition(
+                str(condition.get("status", "")),
+                str(condition.get("reason", "")),
+                str(condition.get("message", "")),
+            )
+        else:
+            conditions[condition["type"]] = str(condition.get("status", ""))
+    taints = tuple(
+        Taint(
+            str(taint.get("key", "")),
+            str(taint.get("value", "")),
+            str(taint.get("effect", "")),
+            str(taint.get("timeAdded") or ""),
+        )
+        for taint in spec.get("taints") or []
+        if isinstance(taint, dict)
+    )
+    annotations = _mapping(metadata.get("annotations"))
+    record, record_error = None, ""
+    text = annotations.get(RECORD_ANNOTATION)
+    if isinstance(text, str):
+        try:
+            record = NodeRecord.from_json(text)
+        except ValueError as exc:
+            record_error = f"annotation {RECORD_ANNOTATION} is unreadable: {exc}"
+    labels = _mapping(metadata.get("labels"))
+    return NodeFacts(
+        name=name,
+        uid=str(metadata.get("uid", "")),
+        resource_version=str(metadata.get("resourceVersion", "")),
+        labels={str(k): str(v) for k, v in labels.items()},
+        capacity=_extended(status.get("capacity")),
+        allocatable=_extended(status.get("allocatable")),
+        conditions=conditions,
+        condition=own,
+        unschedulable=spec.get("unschedulable") is True,
+        taints=taints,
+        record=record,
+        record_error=record_error,
+    )
+
+
+def _extended(resources: object) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for name, value in _mapping(resources).items():
+        count = _count(value)
+        if "/" in name and count is not None:
+            found[name] = count
+    return found
+
+
+def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
+    """The fields of a Pod the verdicts read; None for a pod that matters to no verdict (no extended
+    resource, no claim, not a DaemonSet's): most pods of a cluster are never kept."""
+    metadata, spec, status = (_mapping(raw.get(key)) for key in ("metadata", "spec", "status"))
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        return None
+    requests: dict[str, None] = {}
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = _mapping(_mapping(container).get("resources"))
+        for kind in ("limits", "requests"):
+            requests.update((resource, None) for resource in _mapping(resources.get(kind)) if "/" in resource)
+    for claim in spec.get("resourceClaims") or []:
+        claim_name = _mapping(claim).get("name")
+        if isinstance(claim_name, str):
+            requests[f"{CLAIM_PREFIX}{claim_name}"] = None
+    owners = [_mapping(owner) for owner in metadata.get("ownerReferences") or []]
+    owner_kind = next((str(o.get("kind", "")) for o in owners if o.get("controller") is True), "")
+    if not requests and owner_kind != "DaemonSet":
+        return None
+    statuses = [_mapping(s) for s in status.get("containerStatuses") or []]
+    devices: list[DeviceHealth] = []
+    terminations: list[Termination] = []
+    started: list[datetime.datetime] = []
+    crash_looping = False
+    for container_status in statuses:
+        container = str(container_status.get("name", ""))
+        for resource_status in container_status.get("allocatedResourcesStatus") or []:
+            resource = str(_mapping(resource_status).get("name", ""))
+            for health in _mapping(resource_status).get("resources") or []:
+                state = _mapping(health).get("health")
+                if state in ("Unhealthy", "Unknown"):
+                    device = str(_mapping(health).get("resourceID", ""))
+                    devices.append(DeviceHealth(container, resource, device, state))
+        for key in ("state", "lastState"):
+            terminated = _mapping(_mapping(container_status.get(key)).get("terminated"))
+            exit_code = terminated.get("exitCode")
+            if isinstance(exit_code, int) and exit_code != 0:
+                terminations.append(
+                    Termination(container, exit_code, _parse_time(terminated.get("finishedAt")))
+                )
+        state = _mapping(container_status.get("state"))
+        running_since = _parse_time(_mapping(state.get("running")).get("startedAt"))
+        if running_since is not None:
+            started.append(running_since)
+        crash_looping = crash_looping or _mapping(state.get("waiting")).get("reason") == "CrashLoopBackOff"
+    conditions = [_mapping(c) for c in status.get("conditions") or []]
+    labels = _mapping(metadata.get("labels")) if owner_kind == "DaemonSet" else {}
+    return PodFacts(
+        namespace=namespace,
+        name=name,
+        uid=str(metadata.get("uid", "")),
+        node=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        deleting=metadata.get("deletionTimestamp") is not None,
+        owner_kind=owner_kind,
+        mirror="kubernetes.io/config.mirror" in _mapping(metadata.get("annotations")),
+        requests=tuple(requests),
+        labels={str(k): str(v) for k, v in labels.items()},
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        started_at=max(started, default=None),
+        devices=tuple(devices),
+        terminations=tuple(terminations),
+        crash_looping=crash_looping,
+        disruption_target=any(
+            c.get("type") == DISRUPTION_TARGET and c.get("status") == "True" for c in conditions
+        ),
+    )
+
+
+# --- assessment: which signals a node shows ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signal:
+    key: str
+    kind: SignalKind
+    message: str
+    for_seconds: float
+    since: datetime.datetime
+    resource: str = ""
+    # Devices known to have failed (0 when the signal cannot count them).
+    devices: int = 0
+    whole_node: bool = False
+    # Why the signal is due before it persisted for `for_seconds` (correlated container failures).
+    confirmed_by: str = ""
+
+    @property
+    def due_at(self) -> datetime.datetime:
+        wait = 0.0 if self.confirmed_by else self.for_seconds
+        return self.since + datetime.timedelta(seconds=wait)
+
+    def due(self, now: datetime.datetime) -> bool:
+        return now >= self.due_at
+
+
+@dataclass(frozen=True)
+class Suppressed:
+    """A pattern that looks like failed devices and is not: reported, never acted on."""
+
+    kind: SignalKind
+    message: str
+
+
+@dataclass(frozen=True)
+class Assessment:
+    node: str
+    pool: str
+    # An accelerator node selected by the policy; the rest are never acted on.
+    accelerator: bool
+    signals: tuple[Signal, ...]
+    suppressed: tuple[Suppressed, ...]
+    # resource -> (allocatable, capacity), accelerator resources only.
+    devices: Mapping[str, tuple[int, int]]
+    correlated_failures: int
+    state: HealthState
+    # Share (0-1) of the node's devices failed, by the due signals.
+    failed_share: float
+    # The node has no accelerator pods left (what a drain waits for).
+    drained: bool
+
+    def due(self, now: datetime.datetime) -> tuple[Signal, ...]:
+        return tuple(signal for signal in self.signals if signal.due(now))
+
+
+def is_accelerator_node(node: NodeFacts, policy: Policy) -> bool:
+    """Selected by health.nodeSelector, and carrying an accelerator resource (at any count, 0 included:
+    the kubelet writes 0 for a resource whose plugin went away) or an accelerator node label."""
+    if not policy.health.nodeSelector.matches(node.labels):
+        return False
+    accelerators = policy.accelerators
+    if any(accelerators.is_accelerator_resource(name) for name in node.capacity):
+        return True
+    return any(label in node.labels for label in accelerators.nodeLabels)
+
+
+def is_accelerator_pod(pod: PodFacts, policy: Policy) -> bool:
+    accelerators = policy.accelerators
+    return any(
+        accelerators.is_accelerator_resource(name)
+        or (accelerators.resourceClaims and name.startswith(CLAIM_PREFIX))
+        for name in pod.requests
+    )
+
+
+def _plugin_pods(pods: Iterable[PodFacts], policy: Policy) -> list[PodFacts]:
+    plugin = policy.health.signals.devicePlugin
+    return [
+        pod
+        for pod in pods
+        if pod.owner_kind == "DaemonSet" and not pod.terminal and plugin.matches(pod.namespace, pod.labels)
+    ]
+
+
+def _settled(plugins: Sequence[PodFacts], policy: Policy, now: datetime.datetime) -> bool:
+    """A device plugin that is Ready and has run past the restart grace: its word on devices counts."""
+    grace = datetime.timedelta(seconds=policy.health.signals.devicePlugin.restartGraceSeconds)
+    return bool(plugins) and all(
+        pod.ready and not pod.deleting and pod.started_at is not None and now - pod.started_at >= grace
+        for pod in plugins
+    )
+
+
+def _correlated_failures(pods: Iterable[PodFacts], policy: Policy, now: datetime.datetime) -> int:
+    codes = set(policy.rules.podFailurePolicy.deviceFailureExitCodes)
+    window = datetime.timedelta(seconds=policy.health.signals.correlation.windowSeconds)
+    failures = 0
+    for pod in pods:
+        if not is_accelerator_pod(pod, policy):
+            continue
+        failures += pod.crash_looping
+        failures += sum(
+            1
+            for t in pod.terminations
+            if t.exit_code in codes and (t.finished_at is None or now - t.finished_at <= window)
+        )
+    return failures
+
+
+def assess(
+    node: NodeFacts,
+    pods: Iterable[PodFacts],
+    policy: Policy,
+    now: datetime.datetime,
+    record: NodeRecord | None = None,
+) -> Assessment:
+    """The node's signals and state. `pods` are the pods bound to the node (the informer keeps only the
+    ones a verdict reads); `record` is gpuguard's record (the node's annotation when None)."""
+    record = record if record is not None else node.record or NodeRecord()
+    pods = list(pods)
+    health = policy.health
+    signals_policy = health.signals
+    accelerators = policy.accelerators
+    accelerator = is_accelerator_node(node, policy)
+    devices = {
+        name: (node.allocatable.get(name, 0), capacity)
+        for name, capacity in sorted(node.capacity.items())
+        if accelerators.is_accelerator_resource(name)
+    }
+    found: list[Signal] = []
+    suppressed: list[Suppressed] = []
+
+    def signal(key: str, kind: SignalKind, message: str, for_seconds: float, **extra: Any) -> None:
+        found.append(Signal(key, kind, message, for_seconds, record.signals.get(key, now), **extra))
+
+    plugins = _plugin_pods(pods, policy)
+    settled = _settled(plugins, policy, now)
+    correlated = _correlated_failures(pods, policy, now) if accelerator else 0
+    live_pods = [pod for pod in pods if not pod.terminal and is_accelerator_pod(pod, policy)]
+
+    if accelerator:
+        gap_seconds = signals_policy.deviceGap.forSeconds
+        for resource, (allocatable, capacity) in devices.items():
+            if capacity <= 0 or allocatable >= capacity:
+                continue
+            missing = capacity - allocatable
+            message = f"{resource}: {missing} of {capacity} devices unhealthy (allocatable {allocatable})"
+            if allocatable > 0 or settled:
+                confirm = ""
+                if correlated >= signals_policy.correlation.minFailures:
+                    confirm = f"{correlated} device-failure exits or crash loops on the node"
+                signal(
+                    f"deviceGap/{resource}",
+                    "deviceGap",
+                    message,
+                    gap_seconds,
+                    resource=resource,
+                    devices=missing,
+                    confirmed_by=confirm,
+                )
+            elif plugins:
+                # The plugin marks every device unhealthy while it is disconnected (a restart, an upgrade).
+                suppressed.append(Suppressed("deviceGap", f"{message}: the device plugin is restarting"))
+            else:
+                # No plugin pod to ask: a plugin this policy does not select, or one being replaced.
+                wait = max(gap_seconds, signals_policy.devicePlugin.capacityVanishedForSeconds)
+                signal(
+                    f"deviceGap/{resource}",
+                    "deviceGap",
+                    f"{message}; no device plugin pod seen",
+                    wait,
+                    resource=resource,
+                    devices=missing,
+                )
+        if not any(capacity > 0 for _, capacity in devices.values()):
+            signal(
+                "capacityVanished",
+                "capacityVanished",
+                "no accelerator capacity reported",
+                signals_policy.devicePlugin.capacityVanishedForSeconds,
+                whole_node=True,
+            )
+        for pod in plugins:
+            if not pod.ready:
+                signal(
+                    "devicePlugin",
+                    "devicePlugin",
+                    f"device plugin pod {pod.key} is not Ready",
+                    signals_policy.devicePlugin.notReadyForSeconds,
+                    whole_node=True,
+                )
+                break
+        for wanted in signals_policy.nodeConditions:
+            if node.conditions.get(wanted.type) == wanted.status:
+                signal(
+                    f"nodeCondition/{wanted.type}",
+                    "nodeCondition",
+                    f"{wanted.type}={wanted.status}",
+                    wanted.forSeconds,
+                    whole_node=True,
+                )
+        reports: tuple[tuple[str, SignalKind, int], ...] = (
+            ("Unhealthy", "podDevice", signals_policy.deviceGap.forSeconds),
+            ("Unknown", "podDeviceUnknown", signals_policy.podDeviceHealth.unknownForSeconds),
+        )
+        for health_state, kind, wait in reports:
+            reported: dict[str, set[str]] = {}
+            for pod in live_pods:
+                for device in pod.devices:
+                    if device.health == health_state and pod.holds(device.resource):
+                        reported.setdefault(device.resource, set()).add(device.device)
+            for resource, ids in sorted(reported.items()):
+                message = f"{resource}: {len(ids)} devices reported {health_state} by pods ({', '.join(sorted(ids))})"
+                signal(f"{kind}/{resource}", kind, message, wait, resource=resource, devices=len(ids))
+
+    due = [s for s in found if s.due(now)]
+    failed_share = _failed_share(due, devices)
+    holds_marks = _holds_marks(node, record)
+    state: HealthState
+    if due or (found and holds_marks):
+        state = "unhealthy"
+    elif found:
+        state = "suspect"
+    elif holds_marks:
+        state = "recovering"
+    else:
+        state = "healthy"
+    return Assessment(
+        node=node.name,
+        pool=health.pool_of(node.labels),
+        accelerator=accelerator,
+        signals=tuple(found),
+        suppressed=tuple(suppressed),
+        devices=devices,
+        correlated_failures=correlated,
+        state=state,
+        failed_share=failed_share,
+        # Terminating pods still hold their devices until the kubelet ends them.
+        drained=not any(pod.owner_kind != "DaemonSet" and not pod.mirror for pod in live_pods),
+    )
+
+
+def _failed_share(due: Sequence[Signal], devices: Mapping[str, tuple[int, int]]) -> float:
+    if any(signal.whole_node for signal in due):
+        return 1.0
+    share = 0.0
+    for resource, (_, capacity) in devices.items():
+        failed = max((s.devices for s in due if s.resource == resource), default=0)
+        if capacity > 0:
+            share = max(share, min(failed, capacity) / capacity)
+    return share
+
+
+def _holds_marks(node: NodeFacts, record: NodeRecord) -> bool:
+    """gpuguard has something on this node to undo one day."""
+    return (
+        record.admitted_at is not None
+        or record.cordoned
+        or record.unhealthy_since is not None
+        or node.condition is not None
+        or node.tainted
+    )
+
+
+# --- plan: what to do about it -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    action: StepAction
+    effect: Effect
+    mode: Mode
+    note: str
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What the budget needs to know beyond the node: its pool, and who else is being acted on."""
+
+    pool_nodes: int
+    # Nodes of the pool gpuguard acts on now (admitted), this node left out.
+    pool_admitted: int
+    breaker_open: bool
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    assessment: Assessment
+    # What to keep on the node; None: nothing (the annotation goes).
+    record: NodeRecord | None
+    # The node as wanted after the steps that are done ("do"); "would" and "hold" change nothing.
+    condition: OwnCondition | None
+    tainted: bool
+    unschedulable: bool
+    steps: tuple[Step, ...]
+    # Why gpuguard writes nothing to the node at all (excluded, paused); "" otherwise.
+    hands_off: str
+    # Why disruptive steps are held back (budget, breaker, someone else's cordon); "" otherwise.
+    held: str
+    requeue_after: float | None
+
+    def budget_slot(self) -> bool:
+        """The node takes a place in its pool's budget."""
+        return self.record is not None and self.record.admitted_at is not None
+
+
+def budget(policy: Policy, pool_nodes: int) -> int:
+    return scaled_count(policy.health.budget.maxUnhealthy, pool_nodes)
+
+
+def plan_node(
+    node: NodeFacts,
+    pods: Iterable[PodFacts],
+    policy: Policy,
+    fleet: Fleet,
+    now: datetime.datetime,
+    record: NodeRecord | None = None,
+) -> NodePlan:
+    """The ladder for one node: condition, then taint, then cordon and drain, undone on recovery."""
+    record = record if record is not None else node.record or NodeRecord()
+    assessment = assess(node, pods, policy, now, record)
+    health = policy.health
+    modes: dict[StepAction, Mode] = {
+        "condition": policy.health_mode("condition"),
+        "taint": policy.health_mode("taint"),
+        "drain": policy.health_mode("drain"),
+    }
+    keep = _Wanted(node.condition, node.tainted, node.unschedulable)
+    if not assessment.accelerator and assessment.state == "healthy":
+        return NodePlan(assessment, None, *keep.values(), (), "", "", None)
+
+    hands_off = ""
+    if node.labels.get(EXCLUDE_LABEL) == "true":
+        hands_off = f"the node is labelled {EXCLUDE_LABEL}=true"
+    elif health.paused:
+        hands_off = "remediation is paused (health.paused)"
+
+    record = _bookkeeping(record, assessment, now)
+    steps: list[Step] = []
+    wanted = keep
+    held = ""
+    due = assessment.due(now)
+    if assessment.state == "unhealthy":
+        # The disruptive rungs first: the condition's reason tells how far the ladder went.
+        ladder: list[Step] = []
+        if record.cordoned and not node.unschedulable and not hands_off:
+            # An operator uncordoned the node gpuguard drained: they take over until it recovers.
+            record = replace(record, cancelled_at=now, cordoned=False, draining_since=None)
+            wanted, record = _step(
+                ladder,
+                wanted,
+                record,
+                "cancel",
+                modes,
+                "",
+                now,
+                change=node.tainted,
+                tainted=False,
+                mode_of="taint",
+                note="an operator uncordoned the node: gpuguard stops remediating it",
+            )
+        held = hands_off or _held(node, record, assessment, fleet, policy)
+        disruptive = modes["taint"] != "off" or modes["drain"] != "off"
+        admitted = record.admitted_at is not None
+        if not admitted and disruptive and not held and due:
+            record = replace(record, admitted_at=now)
+            admitted = True
+        summary = _summary(assessment, due)
+        if admitted and record.cancelled_at is None:
+            wanted, record = _step(
+                ladder,
+                wanted,
+                record,
+                "taint",
+                modes,
+                held,
+                now,
+                change=not node.tainted,
+                tainted=True,
+                note=f"taint {TAINT_KEY}:NoSchedule: {summary}",
+            )
+            if (
+                record.draining_since is None
+                and assessment.failed_share * 100 >= health.actions.drain.threshold
+            ):
+                # A node the breaker finds cordoned stays so; no new drain starts while it is open.
+                drain_held = held or ("circuit breaker open" if fleet.breaker_open else "")
+                wanted, record = _step(
+                    ladder,
+                    wanted,
+                    record,
+                    "drain",
+                    modes,
+                    drain_held,
+                    now,
+                    change=True,
+                    unschedulable=True,
+                    note=f"cordon and evict accelerator pods: {_share(assessment)}",
+                )
+                if ladder and ladder[-1].action == "drain" and ladder[-1].effect != "hold":
+                    cordoned = ladder[-1].effect == "do" and not node.unschedulable
+                    record = replace(record, draining_since=now, cordoned=cordoned)
+        elif held and disruptive and due:
+            ladder.append(Step("taint", "hold", modes["taint"], held))
+        condition = _condition(assessment, record, summary)
+        last = record.last_action, record.last_action_at
+        wanted, record = _step(
+            steps,
+            wanted,
+            record,
+            "condition",
+            modes,
+            hands_off,
+            now,
+            change=node.condition != condition,
+            condition=condition,
+            note=summary,
+        )
+        if any(step.effect == "do" for step in ladder):
+            record = replace(record, last_action=last[0], last_action_at=last[1])
+        steps.extend(ladder)
+    elif assessment.state == "recovering":
+        assert record.clear_since is not None
+        recover_at = record.clear_since + datetime.timedelta(seconds=health.recovery.afterSeconds)
+        if now >= recover_at:
+            wanted, record = _recover(steps, node, record, modes, hands_off, now)
+    elif assessment.state == "healthy":
+        record = NodeRecord()
+
+    return NodePlan(
+        assessment=assessment,
+        record=None if _empty(record) else record,
+        condition=wanted.condition,
+        tainted=wanted.tainted,
+        unschedulable=wanted.unschedulable,
+        steps=tuple(steps),
+        hands_off=hands_off,
+        held=held,
+        requeue_after=_requeue_after(assessment, record, policy, now, held),
+    )
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    condition: OwnCondition | None
+    tainted: bool
+    unschedulable: bool
+
+    def values(self) -> tuple[OwnCondition | None, bool, bool]:
+        return self.condition, self.tainted, self.unschedulable
+
+
+_UNSET: Any = object()
+
+
+def _step(
+    steps: list[Step],
+    wanted: _Wanted,
+    record: NodeRecord,
+    action: StepAction,
+    modes: Mapping[StepAction, Mode],
+    held: str,
+    now: datetime.datetime,
+    *,
+    change: bool,
+    note: str,
+    mode_of: StepAction | None = None,
+    condition: Any = _UNSET,
+    tainted: Any = _UNSET,
+    unschedulable: Any = _UNSET,
+) -> tuple[_Wanted, NodeRecord]:
+    """One rung: nothing when it changes nothing or its mode is off; held, would, or done."""
+    mode = modes[mode_of or action]
+    if not change or mode == "off":
+        return wanted, record
+    if held:
+        steps.append(Step(action, "hold", mode, held))
+        return wanted, record
+    if mode != "enforce":
+        steps.append(Step(action, "would", mode, note))
+        return wanted, record
+    steps.append(Step(action, "do", mode, note))
+    changes = {
+        name: value
+        for name, value in (("condition", condition), ("tainted", tainted), ("unschedulable", unschedulable))
+        if value is not _UNSET
+    }
+    return replace(wanted, **changes), replace(record, last_action=action, last_action_at=now)
+
+
+def _bookkeeping(record: NodeRecord, assessment: Assessment, now: datetime.datetime) -> NodeRecord:
+    """First-seen times of the current signals (a signal that cleared starts again when it returns),
+    when the node first became due, and since when it has been clear."""
+    signals = {signal.key: signal.since for signal in assessment.signals}
+    unhealthy_since = record.unhealthy_since
+    if unhealthy_since is None and assessment.due(now):
+        unhealthy_since = now
+    clear_since = record.clear_since
+    if assessment.signals:
+        clear_since = None
+    elif clear_since is None:
+        clear_since = now
+    return replace(record, signals=signals, unhealthy_since=unhealthy_since, clear_since=clear_since)
+
+
+def _held(node: NodeFacts, record: NodeRecord, assessment: Assessment, fleet: Fleet, policy: Policy) -> str:
+    """Why no new disruptive step may start on this node; "" when one may."""
+    health = policy.health
+    if record.cancelled_at is not None:
+        return "an operator uncordoned the node during gpuguard's drain; it waits for the node to recover"
+    other = next((t.key for t in node.taints if t.key in health.othersRemediatingTaints), None)
+    if other is not None:
+        return f"taint {other} shows someone else remediates the node"
+    if node.unschedulable and not record.cordoned and record.draining_since is None:
+        return "the node was cordoned by someone else"
+    if record.admitted_at is not None:
+        return ""
+    if fleet.breaker_open:
+        return "circuit breaker open"
+    allowed = budget(policy, fleet.pool_nodes)
+    if fleet.pool_admitted >= allowed:
+        pool = f"pool {assessment.pool}" if assessment.pool else "the nodes without a pool label"
+        return (
+            f"budget: {fleet.pool_admitted} of {fleet.pool_nodes} accelerator nodes of {pool} are being "
+            f"remediated and budget.maxUnhealthy {health.budget.maxUnhealthy} allows {allowed}"
+        )
+    return ""
+
+
+def _share(assessment: Assessment) -> str:
+    return f"{assessment.failed_share:.0%} of its devices failed"
+
+
+def _summary(assessment: Assessment, due: Sequence[Signal]) -> str:
+    message = "; ".join(signal.message for signal in due or assessment.signals)
+    if assessment.correlated_failures:
+        message += f"; {assessment.correlated_failures} device-failure exits or crash loops"
+    return message
+
+
+def _condition(assessment: Assessment, record: NodeRecord, summary: str) -> OwnCondition:
+    reason = "DevicesUnhealthy"
+    if record.draining_since is not None:
+        reason = "Drained" if assessment.drained else "Draining"
+    return OwnCondition("False", reason, summary)
+
+
+def _recover(
+    steps: list[Step],
+    node: NodeFacts,
+    record: NodeRecord,
+    modes: Mapping[StepAction, Mode],
+    hands_off: str,
+    now: datetime.datetime,
+) -> tuple[_Wanted, NodeRecord]:
+    """Undoes exactly gpuguard's marks: its condition, its taint, and the cordon only if it cordoned."""
+    wanted = _Wanted(node.condition, node.tainted, node.unschedulable)
+    undo: list[tuple[StepAction, dict[str, Any]]] = []
+    if node.condition is not None:
+        undo.append(("condition", {"condition": None}))
+    if node.tainted:
+        undo.append(("taint", {"tainted": False}))
+    if record.cordoned and node.unschedulable:
+        undo.append(("drain", {"unschedulable": False}))
+    marks = ", ".join({"condition": "condition", "taint": "taint", "drain": "cordon"}[a] for a, _ in undo)
+    effects = [modes[action] for action, _ in undo if modes[action] != "off"]
+    if not effects:
+        return wanted, NodeRecord() if not undo else record
+    note = f"devices healthy again: removing gpuguard's {marks}"
+    if hands_off:
+        steps.append(Step("recover", "hold", effects[0], hands_off))
+        return wanted, record
+    for action, change in undo:
+        if modes[action] == "enforce":
+            wanted = replace(wanted, **change)
+    done = all(mode == "enforce" for mode in effects)
+    effect: Effect = "do" if any(mode == "enforce" for mode in effects) else "would"
+    steps.append(Step("recover", effect, "enforce" if effect == "do" else effects[0], note))
+    left = wanted.condition is not None or wanted.tainted or (record.cordoned and wanted.unschedulable)
+    if done and not left:
+        return wanted, NodeRecord()
+    return wanted, replace(record, last_action="recover", last_action_at=now)
+
+
+def _empty(record: NodeRecord) -> bool:
+    return record == NodeRecord()
+
+
+def _requeue_after(
+    assessment: Assessment, record: NodeRecord, policy: Policy, now: datetime.datetime, held: str
+) -> float | None:
+    """When the verdict can next change without any object changing: a signal coming due, recovery.
+
+    A moment already past is no reason to look again: a recovery that is due and still here was only
+    said (its mode is audit or warn) and waits for a policy change, which requeues every node anyway.
+    """
+    moments = [signal.due_at for signal in assessment.signals if not signal.due(now)]
+    if assessment.state == "recovering" and record.clear_since is not None:
+        moments.append(record.clear_since + datetime.timedelta(seconds=policy.health.recovery.afterSeconds))
+    delays = [(moment - now).total_seconds() for moment in moments if moment > now]
+    if held:
+        delays.append(HELD_RECHECK_SECONDS)
+    return min(delays, default=None)
+
+
+# --- pods --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodVerdict:
+    evict: bool
+    reason: EvictReason | None
+    message: str
+    # When an Unknown device will have persisted long enough.
+    requeue_after: float | None = None
+
+
+NO_EVICTION = PodVerdict(False, None, "")
+
+
+def pod_verdict(
+    pod: PodFacts,
+    policy: Policy,
+    now: datetime.datetime,
+    *,
+    draining: bool = False,
+    unknown_since: datetime.datetime | None = None,
+) -> PodVerdict:
+    """Whether a pod should be evicted: it holds a device reported Unhealthy, or Unknown for
+    podDeviceHealth.unknownForSeconds (since `unknown_since`), or its node is being drained."""
+    if pod.terminal or pod.deleting or not pod.node:
+        return NO_EVICTION
+    if pod.mirror or pod.owner_kind == "DaemonSet":
+        return PodVerdict(False, None, "DaemonSet and static pods are never evicted: they would come back")
+    if not is_accelerator_pod(pod, policy):
+        return NO_EVICTION
+    held = [d for d in pod.devices if pod.holds(d.resource)]
+    unhealthy = [d for d in held if d.health == "Unhealthy"]
+    if unhealthy:
+        return PodVerdict(True, "DeviceUnhealthy", f"{_devices(unhealthy)} reported Unhealthy")
+    unknown = [d for d in held if d.health == "Unknown"]
+    if unknown and not draining:
+        wait = policy.health.signals.podDeviceHealth.unknownForSeconds
+        since = unknown_since or now
+        left = (since + datetime.timedelta(seconds=wait) - now).total_seconds()
+        if left > 0:
+            return PodVerdict(False, None, f"{_devices(unknown)} reported Unknown", requeue_after=left)
+        return PodVerdict(True, "DeviceUnknown", f"{_devices(unknown)} reported Unknown for {wait} s")
+    if draining:
+        return PodVerdict(True, "NodeDrain", f"node {pod.node} is drained: its devices failed")
+    return NO_EVICTION
+
+
+def has_unknown_device(pod: PodFacts) -> bool:
+    return any(d.health == "Unknown" and pod.holds(d.resource) for d in pod.devices)
+
+
+def _devices(devices: Sequence[DeviceHealth]) -> str:
+    return ", ".join(f"{d.resource} {d.device} (container {d.container})" for d in devices)
+
+
+def eviction_retry_seconds(policy: Policy, attempts: int) -> float:
+    """Backoff after the n-th refused eviction: retrySeconds, doubling, at most maxRetrySeconds."""
+    eviction = policy.health.eviction
+    return float(min(eviction.retrySeconds * 2 ** max(attempts - 1, 0), eviction.maxRetrySeconds))
+
+
+# --- circuit breaker ---------------------------------------------------------------------------------
+
+
+def breaker_trips(
+    unhealthy_since: Iterable[datetime.datetime],
+    fleet_nodes: int,
+    policy: Policy,
+    now: datetime.datetime,
+    closed_at: datetime.datetime | None = None,
+) -> bool:
+    """More than circuitBreaker.maxNodes nodes became due for remediation within its window (and since
+    an operator last closed the breaker): something fleet-wide is wrong, stop and ask a human."""
+    breaker = policy.health.circuitBreaker
+    start = now - datetime.timedelta(seconds=breaker.windowSeconds)
+    if closed_at is not None:
+        start = max(start, closed_at)
+    recent = sum(1 for moment in unhealthy_since if moment >= start)
+    return recent > scaled_count(breaker.maxNodes, fleet_nodes)
