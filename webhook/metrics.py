@@ -5,8 +5,9 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
+from webhook.policy.drivers import PoolDrivers
 from webhook.policy.engine import Decision
 from webhook.policy_store import PolicyStatus
 
@@ -56,7 +57,8 @@ class Metrics:
         for decision in decisions:
             self.decisions[(decision.rule, decision.mode, decision.outcome)] += 1
 
-    def render(self, policy: PolicyStatus) -> str:
+    def render(self, policy: PolicyStatus, driver_pools: Sequence[PoolDrivers] | None = None) -> str:
+        """The exposition; `driver_pools` (from the node cache, None without one) adds the driver gauges."""
         lines = [
             "# HELP gpuguard_admission_requests_total AdmissionReviews answered, by endpoint and result.",
             "# TYPE gpuguard_admission_requests_total counter",
@@ -89,6 +91,19 @@ class Metrics:
             "# TYPE gpuguard_policy_errors_total counter",
             f"gpuguard_policy_errors_total {policy.errors}",
         ]
+        if driver_pools is not None:
+            lines += [
+                "# HELP gpuguard_driver_versions Driver versions among the GPU nodes of one pool and product (>1: mixed).",
+                "# TYPE gpuguard_driver_versions gauge",
+            ]
+            for pool in driver_pools:
+                labels = _labels(pool=pool.pool, product=pool.product)
+                lines.append(f"gpuguard_driver_versions{labels} {len(pool.drivers)}")
+            lines += [
+                "# HELP gpuguard_driver_mixed_pools Pools (by product) whose GPU nodes mix driver or CUDA versions.",
+                "# TYPE gpuguard_driver_mixed_pools gauge",
+                f"gpuguard_driver_mixed_pools {sum(pool.mixed for pool in driver_pools)}",
+            ]
         return "\n".join(lines) + "\n"
 
 

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import base64
 import collections
-import ctypes
 import http.client
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,13 +66,12 @@ def without_proxies(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in (os.environ if env is None else env).items() if k not in PROXY_VARS}
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if pytest itself is killed (SIGKILL, OOM), the kernel kills the
-    # child too, so nothing outlives the session even without teardown. SIGKILL, not SIGTERM: an
-    # apiserver whose etcd dies at the same moment hangs in its graceful shutdown.
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Prefixed to every command: if pytest itself is killed (SIGKILL, OOM), the kernel kills the child
+# too, so nothing outlives the session even without teardown. SIGKILL, not SIGTERM: an apiserver
+# whose etcd dies at the same moment hangs in its graceful shutdown. setpriv sets the parent-death
+# signal and execs, so no Python code runs between fork and exec (a preexec_fn would), which a
+# process with gRPC threads running (the node tier's device plugins) does not survive.
+DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--")
 
 
 def spawn(
@@ -84,7 +80,7 @@ def spawn(
     log = log_path.open("ab")
     try:
         popen = subprocess.Popen(
-            [str(a) for a in argv],
+            [*DIE_WITH_PARENT, *(str(a) for a in argv)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -93,7 +89,6 @@ def spawn(
             # Own session: a Ctrl-C in the terminal reaches only pytest, whose teardown then stops the
             # processes in order (the webhook configurations are deleted while the apiserver still runs).
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
     except BaseException:
         log.close()
@@ -233,6 +228,27 @@ class Pki:
         return context
 
 
+# A failing test prints the last kubectl calls: their output is cut to what can be read.
+SHOWN_LINES = 40
+
+
+def shown(text: str, *, keep: Callable[[str], bool] | None = None) -> str:
+    """`text` cut to SHOWN_LINES lines (the first and the last ones), after `keep` picked the lines."""
+    lines = text.splitlines()
+    if keep is not None:
+        picked = [line for line in lines if keep(line)]
+        note = [f"[{len(picked)} of {len(lines)} lines shown: the ones about admission webhooks]"]
+        lines = note + picked
+    if len(lines) <= SHOWN_LINES:
+        return "\n".join(lines) + ("\n" if lines else "")
+    head, tail = lines[: SHOWN_LINES // 4], lines[-(SHOWN_LINES - SHOWN_LINES // 4) :]
+    return "\n".join([*head, f"[... {len(lines) - len(head) - len(tail)} lines left out ...]", *tail]) + "\n"
+
+
+def _about_webhooks(line: str) -> bool:
+    return "admission_webhook" in line and not line.startswith("#")
+
+
 @dataclass(frozen=True)
 class KubectlCall:
     args: tuple[str, ...]
@@ -241,12 +257,15 @@ class KubectlCall:
     stderr: str
 
     def __str__(self) -> str:
-        return f"$ kubectl {' '.join(self.args)}  -> exit {self.returncode}\n{self.stdout}{self.stderr}"
+        # The API server's /metrics is some 20,000 lines: only its admission-webhook series help.
+        metrics = self.args[:3] == ("get", "--raw", "/metrics")
+        stdout = shown(self.stdout, keep=_about_webhooks if metrics else None)
+        return f"$ kubectl {' '.join(self.args)}  -> exit {self.returncode}\n{stdout}{shown(self.stderr)}"
 
 
 class KubectlError(subprocess.CalledProcessError):
     def __str__(self) -> str:
-        return f"{super().__str__()}\nstdout: {self.stdout}\nstderr: {self.stderr}"
+        return f"{super().__str__()}\nstdout: {shown(self.stdout)}\nstderr: {shown(self.stderr)}"
 
 
 def _as_args(flags: Mapping[str, str]) -> list[str]:
@@ -272,6 +291,7 @@ class ControlPlane:
         self.workdir = workdir
         self.apiserver_flags = dict(apiserver_flags or {})
         self.kubeconfig = workdir / "kubeconfig"
+        self.kube_cache = workdir / "kube-cache"
         self.apiserver_log = workdir / "apiserver.log"
         self.etcd_log = workdir / "etcd.log"
         self.controller_manager_log = workdir / "kube-controller-manager.log"
@@ -478,12 +498,17 @@ class ControlPlane:
     ) -> subprocess.CompletedProcess[str]:
         argv = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
         result = subprocess.run(
-            argv, input=input, capture_output=True, text=True, timeout=timeout, env=without_proxies()
+            argv, input=input, capture_output=True, text=True, timeout=timeout, env=self.kubectl_env()
         )
         self.history.append(KubectlCall(args, result.returncode, result.stdout, result.stderr))
         if check and result.returncode != 0:
             raise KubectlError(result.returncode, argv, result.stdout, result.stderr)
         return result
+
+    def kubectl_env(self) -> dict[str, str]:
+        # kubectl caches discovery and HTTP answers in ~/.kube/cache unless told otherwise: a test writes
+        # nothing outside its own folders.
+        return without_proxies() | {"KUBECACHEDIR": str(self.kube_cache)}
 
     def kubectl_json(self, *args: str, input: str | None = None) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json", input=input).stdout)
@@ -491,6 +516,11 @@ class ControlPlane:
     @property
     def running(self) -> bool:
         return bool(self._processes) and all(p.running() for p in self._processes)
+
+    @property
+    def pids(self) -> list[int]:
+        """etcd's and kube-apiserver's process ids: what a bench counts as the control plane's CPU."""
+        return [p.popen.pid for p in self._processes]
 
     def stop(self) -> None:
         # Last started first: the controllers before the apiserver, the apiserver before etcd (so it

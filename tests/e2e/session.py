@@ -1,13 +1,20 @@
 """Session plumbing shared by the end-to-end tiers (tests/e2e, tests/node): building the Go binaries
-with their progress visible, and lines written to the terminal past pytest's output capture."""
+with their progress visible, and lines written to the terminal past pytest's output capture. Each
+tier's measurements for the terminal summary are gathered by the suite's plugin (gpuguard_suite), whose
+functions for it are re-exported here for the tiers' conftests."""
 
 from __future__ import annotations
 
+import re
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from gpuguard_suite import add_summary as add_summary
+from gpuguard_suite import summary_fixture as summary_fixture
+from gpuguard_suite import summary_lines as summary_lines
 from webhook_harness import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "build.sh"
@@ -40,3 +47,9 @@ def build_control_plane(config: pytest.Config) -> Path:
     """The folder of kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl and
     etcd; built on first use (about 10 minutes on 2 cores), a no-op once cached."""
     return run_build_script(config, BUILD_SCRIPT)
+
+
+def namespace_name(request: pytest.FixtureRequest, fallback: str) -> str:
+    """A fresh namespace name for a test: its name made DNS-safe, and a random suffix."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    return f"{stem or fallback}-{secrets.token_hex(3)}"

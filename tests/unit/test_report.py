@@ -1,9 +1,10 @@
-"""webhook.controllers.report: what `gpuguard nodes` prints, from listed facts."""
+"""What `gpuguard nodes` prints: the report's verdicts in the command's table, from listed facts."""
 
 from __future__ import annotations
 
 import datetime
 
+from webhook.cli import nodes as cli_nodes
 from webhook.controllers import report
 from webhook.controllers.fleet import BreakerState
 from webhook.policy import health
@@ -47,7 +48,7 @@ def test_the_table_shows_devices_signals_state_and_the_budget_hold() -> None:
         pods=[pod(node_name="gpu-001")],
         breaker=BreakerState(),
     )
-    text = report.table(report.plans(cluster, POLICY, NOW), cluster.breaker, NOW)
+    text = cli_nodes.health_table(report.plans(cluster, POLICY, NOW), cluster.breaker, NOW)
     lines = text.splitlines()
     assert lines[0].split() == ["NODE", "POOL", "DEVICES", "SIGNALS", "STATE", "LAST", "ACTION", "SINCE"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:4]}
@@ -74,7 +75,7 @@ def test_explain_says_why_a_node_is_held_and_what_comes_next() -> None:
         breaker=BreakerState(True, NOW, "3 of 4 nodes due", None, ""),
     )
     (row,) = report.plans(cluster, POLICY, NOW)
-    text = report.explain(row, POLICY, cluster.breaker, NOW)
+    text = cli_nodes.explain(row, POLICY, cluster.breaker, NOW)
     assert "deviceGap/nvidia.com/gpu: nvidia.com/gpu: 1 of 8 devices unhealthy" in text
     assert "due in 5m" in text
     assert "Modes:       condition enforce, taint enforce, drain enforce, evict enforce" in text

@@ -35,8 +35,8 @@ from webhook.kube.policy_source import PolicyConfigMap
 from webhook.metrics import LabelValues, Registry
 from webhook.policy import health
 from webhook.policy.health import NodeFacts, PodFacts
-from webhook.policy.model import Policy, default_policy, parse_policy
-from webhook.policy_store import CONFIGMAP_KEY, FileWatcher, PolicyStore
+from webhook.policy.model import CONFIGMAP_KEY, Policy
+from webhook.policy_store import FileWatcher, PolicyStore, initial_policy
 
 LEASE_NAME = "gpuguard-controllers"
 STATE_CONFIGMAP = "gpuguard-remediation"
@@ -84,11 +84,7 @@ class ControllerManager:
         self.stop = stop
         self.lost_lease = False
         api = api_client(options.kubeconfig)
-        initial, source = (
-            (parse_policy(options.policy_file.read_text(encoding="utf-8")), f"file {options.policy_file}")
-            if options.policy_file is not None
-            else (default_policy(), "embedded default")
-        )
+        initial, source, self._policy_bytes = initial_policy(options.policy_file)
         self.store = PolicyStore(initial, source=source)
         self.events = EventRecorder(api_sender(api), stop=stop)
         self.registry = Registry()
@@ -137,6 +133,8 @@ class ControllerManager:
         self.nodes.on_change(self.node_health.node_changed)
         self.pods.on_change(self._pod_changed)
         self.state.on_snapshot(self._state_changed)
+        self.probes = probes.Probes(detail=self._detail, metrics=self.registry.render, status=self._status)
+        self.probes.add_readiness_check("caches", self.synced)
         self._policy_source(api)
         identity = options.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self.elector = LeaderElector(
@@ -160,14 +158,15 @@ class ControllerManager:
             ],
             leader=lambda: self.elector.leading,
         )
-        self.probes = probes.Probes(detail=self._detail, metrics=self.registry.render, status=self._status)
-        self.probes.add_readiness_check("caches", self.synced)
 
     # --- wiring --------------------------------------------------------------------------------------
 
     def _policy_source(self, api: ApiClient) -> None:
         if self.options.policy_file is not None:
-            FileWatcher(self.options.policy_file, self.store, self.stop).thread.start()
+            watcher = FileWatcher(self.options.policy_file, self.store, self.stop, loaded=self._policy_bytes)
+            watcher.thread.start()
+            # Not ready without it: a replica that no longer sees edits would miss the kill switch too.
+            self.probes.add_readiness_check("policy file", watcher.thread.is_alive)
         if not self.options.policy_configmap:
             self.store.on_loaded = self._policy_loaded
             return
