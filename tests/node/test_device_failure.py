@@ -66,6 +66,9 @@ AGENT_SERVICE_ACCOUNT = "gpuguard-node-agent"
 GPU_NODES = {"nvidia.com/gpu.present": "true"}  # the node tier's nodes carry it
 # The chain waits on real processes on a loaded machine: generous, never a timing assertion.
 PATIENCE = 120.0
+# A training process stopped by SIGTERM exits non-zero (128 + 15, as a shell reports it): with exit 0
+# the pod would be Succeeded and the Job complete, whatever became of its device.
+TERM_RECORDER_EXIT_143 = TERM_RECORDER.replace("exit 0", "exit 143")
 
 
 class AgentProcess:
@@ -236,7 +239,7 @@ def test_a_failed_device_is_tainted_evicted_and_replaced_on_the_healthy_node_wit
     summary: Callable[[str, str], None],
 ) -> None:
     plane = cluster.plane
-    manifest = on_node(gpu_job("train", namespace), next(iter(cluster.nodes)), TERM_RECORDER)
+    manifest = on_node(gpu_job("train", namespace), next(iter(cluster.nodes)), TERM_RECORDER_EXIT_143)
     template = manifest["spec"]["template"]
     del template["spec"]["nodeSelector"][HOSTNAME_LABEL]  # the scheduler picks the node
     template["metadata"]["finalizers"] = [HOLD]  # the evicted pod stays readable after its containers
@@ -285,7 +288,7 @@ def test_a_failed_device_is_tainted_evicted_and_replaced_on_the_healthy_node_wit
     term_after = float(state["message"]) - failed_at
     assert GRACE_SECONDS in graces  # the eviction gave the pod gpuguard's grace period
     assert term_after >= PRE_STOP_SECONDS  # the preStop sleep ran before SIGTERM reached the container
-    assert state["exitCode"] == 0  # the container stopped on its own after the preStop, within it
+    assert state["exitCode"] == 143  # its own TERM handler's exit, not SIGKILL's 137: within the grace period
 
     def replacement() -> dict[str, Any] | None:
         pods = [p for p in job_pods(plane, namespace, "train") if p["metadata"]["name"] != first]
