@@ -101,6 +101,12 @@ def now_text(seconds_ago: float = 0) -> str:
 
 def install_rbac(plane: ControlPlane) -> None:
     """The namespace and the controllers' ServiceAccount, roles and bindings exactly as deploy/ ships them."""
+    install_service_account(plane, SERVICE_ACCOUNT)
+    plane.kubectl("create", "namespace", PLUGIN_NAMESPACE)
+
+
+def install_service_account(plane: ControlPlane, service_account: str) -> None:
+    """The namespace and one ServiceAccount of deploy/ with its roles and bindings, as shipped."""
     rendered = [
         doc for doc in yaml.safe_load_all(plane.kubectl("kustomize", str(REPO_ROOT / "deploy")).stdout) if doc
     ]
@@ -110,18 +116,19 @@ def install_rbac(plane: ControlPlane) -> None:
         if doc["kind"] == "Namespace"
         or (
             doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-            and doc["metadata"]["name"] == SERVICE_ACCOUNT
+            and doc["metadata"]["name"] == service_account
         )
     ]
     plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": wanted}))
-    plane.kubectl("create", "namespace", PLUGIN_NAMESPACE)
 
 
-def service_account_kubeconfig(plane: ControlPlane, path: Path) -> Path:
-    token = plane.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=4h").stdout.strip()
+def service_account_kubeconfig(
+    plane: ControlPlane, path: Path, service_account: str = SERVICE_ACCOUNT
+) -> Path:
+    token = plane.kubectl("create", "token", service_account, "-n", NAMESPACE, "--duration=4h").stdout.strip()
     config = json.loads(plane.kubeconfig.read_text())
-    config["users"] = [{"name": SERVICE_ACCOUNT, "user": {"token": token}}]
-    config["contexts"] = [{"name": "sa", "context": {"cluster": "e2e", "user": SERVICE_ACCOUNT}}]
+    config["users"] = [{"name": service_account, "user": {"token": token}}]
+    config["contexts"] = [{"name": "sa", "context": {"cluster": "e2e", "user": service_account}}]
     config["current-context"] = "sa"
     path.write_text(json.dumps(config))
     return path

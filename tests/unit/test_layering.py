@@ -21,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "webhook"
 SHELL_LIBRARIES = frozenset({"fastapi", "starlette", "uvicorn", "kubernetes", "cryptography"})
 # Rooms that answer to different callers and must never lean on one another.
-INDEPENDENT_ROOMS = ("admission", "controllers", "audit")
+INDEPENDENT_ROOMS = ("admission", "controllers", "audit", "agent")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ One module per command group, each with a `register(commands)` that adds its sub
 
     serve.py      gpuguard serve
     controllers.py  gpuguard controllers
+    nodeagent.py  gpuguard node-agent
     workloads.py  gpuguard mutate, gpuguard validate
     review.py     gpuguard review
     policy.py     gpuguard policy check|default|effective|status
@@ -41,12 +42,13 @@ import sys
 from collections.abc import Sequence
 
 from webhook import __version__
-from webhook.cli import cases, certs, controllers, nodes, output, policy, review, serve, workloads
+from webhook.cli import cases, certs, controllers, nodeagent, nodes, output, policy, review, serve, workloads
 
 # The command groups, in the order `gpuguard --help` lists them.
 GROUPS = (
     serve,
     controllers,
+    nodeagent,
     workloads,
     review,
     policy,

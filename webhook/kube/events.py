@@ -49,6 +49,9 @@ Reason = Literal[
     "EvictionHeld",
     "EvictionBlocked",
     "EvictionStuck",
+    # Pods (the node agent, from the PodResources API)
+    "DeviceNotAllocatable",
+    "DevicesAllocatable",
 ]
 REPORTING_CONTROLLER = "gpuguard.io/gpuguard"
 QUEUE_LIMIT = 256

@@ -1,5 +1,6 @@
-"""The API calls the controllers make: patches of a Node at a known resourceVersion, evictions, and
-the ConfigMap that keeps the circuit breaker's state. Raw JSON in and out."""
+"""The API calls the controllers and the node agent make: patches of a Node or a Pod's status at a known
+resourceVersion, evictions, and the ConfigMap that keeps the circuit breaker's state. Raw JSON in and
+out."""
 
 from __future__ import annotations
 
@@ -60,6 +61,19 @@ class NodeWriter:
             raise _translated(exc) from exc
         result: dict[str, Any] = raw_json(response)
         return result
+
+
+class PodStatusWriter:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A strategic merge patch of the Pod's status: conditions merge by type, so the kubelet's stay."""
+
+        def call(pod: str, body: dict[str, Any], **options: Any) -> Any:
+            return self.core.patch_namespaced_pod_status(pod, namespace, body, **options)
+
+        return NodeWriter._call(call, name, patch, STRATEGIC_MERGE_PATCH)
 
 
 EvictionResult = Literal["evicted", "blocked", "gone"]
@@ -174,6 +188,13 @@ def nodes(api: client.ApiClient) -> ResourceListWatch:
 
 def pods(api: client.ApiClient) -> ResourceListWatch:
     return ResourceListWatch(client.CoreV1Api(api).list_pod_for_all_namespaces)
+
+
+def pods_on_node(api: client.ApiClient, node: str) -> ResourceListWatch:
+    """The pods bound to one node (the node agent's view: the kubelet's own field selector)."""
+    return ResourceListWatch(
+        client.CoreV1Api(api).list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
+    )
 
 
 def namespaces(api: client.ApiClient) -> ResourceListWatch:

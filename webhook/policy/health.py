@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from webhook.policy import holdings
 from webhook.policy.model import Mode, Policy, scaled_count
 
 TAINT_KEY = "gpuguard.io/device-unhealthy"
@@ -344,6 +345,11 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
             started.append(running_since)
         crash_looping = crash_looping or _mapping(state.get("waiting")).get("reason") == "CrashLoopBackOff"
     conditions = [_mapping(c) for c in status.get("conditions") or []]
+    for condition in conditions:
+        # The node agent's report, from the PodResources API: a device held but no longer allocatable.
+        if condition.get("type") == holdings.CONDITION_TYPE and condition.get("status") == "False":
+            lost = holdings.lost_devices(str(condition.get("message", "")))
+            devices.extend(DeviceHealth(d.container, d.resource, d.device, "Unhealthy") for d in lost)
     labels = _mapping(metadata.get("labels")) if owner_kind == "DaemonSet" else {}
     return PodFacts(
         namespace=namespace,
@@ -358,7 +364,7 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
         labels={str(k): str(v) for k, v in labels.items()},
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         started_at=max(started, default=None),
-        devices=tuple(devices),
+        devices=tuple(dict.fromkeys(devices)),
         terminations=tuple(terminations),
         crash_looping=crash_looping,
         disruption_target=any(

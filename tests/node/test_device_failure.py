@@ -1,0 +1,368 @@
+"""The device-failure story end to end on real nodes: gpuguard's webhook, its controllers and a node
+agent per node, the real kubelets with their fake GPUs, the real kube-controller-manager (Job,
+disruption, taint-eviction controllers) and kube-scheduler.
+
+1. A GPU Job's device fails: the kubelet lowers allocatable and reports the device on the pod; the
+   controllers taint the node and evict the pod; the kubelet runs the injected preStop within the
+   grace period; the Job controller replaces the pod without counting the failure, and the
+   replacement runs on the healthy node.
+2. The node agent reads the kubelet's PodResources API: it names the pod holding the failed device
+   (and no other) in that pod's condition, and the controllers evict that pod and no other.
+
+The controllers and agents run only for this module (the other node tests flip device health and
+expect nobody to act), as their deploy/ ServiceAccounts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controllers_harness import (
+    NAMESPACE,
+    ControllersProcess,
+    eventually,
+    fast_policy,
+    install_rbac,
+    install_service_account,
+    service_account_kubeconfig,
+    taints,
+)
+from controlplane import (
+    LOOPBACK,
+    ControlPlane,
+    Process,
+    free_ports,
+    http_get,
+    log_tail,
+    spawn,
+    without_proxies,
+)
+from webhook_harness import REPO_ROOT, gpu_job, gpu_pod, metric_samples, submit
+
+from webhook.policy import health, holdings
+
+from .conftest import GRACE_SECONDS, PRE_STOP_SECONDS, NodeCluster
+from .device_plugin import HEALTHY, UNHEALTHY
+from .test_graceful_termination import HOLD, TERM_RECORDER, uptime
+from .workloads import (
+    GPU,
+    HOSTNAME_LABEL,
+    allocatable,
+    container_status,
+    get_pod,
+    on_node,
+    running,
+    wait_for_pod,
+)
+
+TAINT = f"{health.TAINT_KEY}:NoSchedule"
+AGENT_SERVICE_ACCOUNT = "gpuguard-node-agent"
+GPU_NODES = {"nvidia.com/gpu.present": "true"}  # the node tier's nodes carry it
+# The chain waits on real processes on a loaded machine: generous, never a timing assertion.
+PATIENCE = 120.0
+# A training process stopped by SIGTERM exits non-zero (128 + 15, as a shell reports it): with exit 0
+# the pod would be Succeeded and the Job complete, whatever became of its device.
+TERM_RECORDER_EXIT_143 = TERM_RECORDER.replace("exit 0", "exit 143")
+
+
+class AgentProcess:
+    """`python -m webhook node-agent` for one node, on that node's PodResources socket."""
+
+    def __init__(self, workdir: Path, kubeconfig: Path, node: str, socket: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (self.port,) = free_ports(1)
+        self.node = node
+        self.log_path = workdir / f"agent-{node}.log"
+        self.argv = [
+            sys.executable,
+            "-m",
+            "webhook",
+            "node-agent",
+            f"--node={node}",
+            f"--socket={socket}",
+            "--interval=1",
+            "--confirm-seconds=2",
+            f"--host={LOOPBACK}",
+            f"--port={self.port}",
+            f"--kubeconfig={kubeconfig}",
+        ]
+        self._process: Process | None = None
+
+    def start(self) -> None:
+        env = {
+            k: v for k, v in without_proxies().items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")
+        }
+        env["PYTHONPATH"] = str(REPO_ROOT)
+        self._process = spawn(self.argv, self.log_path, env, cwd=REPO_ROOT)
+
+    def ready(self) -> bool:
+        return http_get(self.port, "/readyz")[0] == 200
+
+    def metric(self, name: str, **labels: str) -> float:
+        code, body = http_get(self.port, "/metrics")
+        assert code == 200, f"/metrics answered {code}"
+        return sum(v for found, v in metric_samples(body.decode(), name) if labels.items() <= found.items())
+
+    def log(self) -> str:
+        return log_tail(self.log_path, 60)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+
+
+@dataclass
+class Responders:
+    controllers: ControllersProcess
+    agents: dict[str, AgentProcess]
+
+    def logs(self) -> str:
+        parts = [f"--- controllers\n{self.controllers.log()}"]
+        parts += [f"--- agent {name}\n{agent.log()}" for name, agent in self.agents.items()]
+        return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def responders(cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Responders]:
+    plane = cluster.plane
+    install_rbac(plane)
+    install_service_account(plane, AGENT_SERVICE_ACCOUNT)
+    workdir = tmp_path_factory.mktemp("responders")
+    policy = fast_policy("node-tier")
+    policy["health"]["nodeSelector"] = {"matchLabels": GPU_NODES}  # both real nodes, nothing else
+    controllers = ControllersProcess(
+        workdir / "controllers",
+        service_account_kubeconfig(plane, workdir / "controllers.kubeconfig"),
+        policy,
+        identity="a",
+    )
+    agent_kubeconfig = service_account_kubeconfig(plane, workdir / "agent.kubeconfig", AGENT_SERVICE_ACCOUNT)
+    agents = {
+        name: AgentProcess(workdir, agent_kubeconfig, name, node.pod_resources_socket)
+        for name, node in cluster.nodes.items()
+    }
+    started = Responders(controllers, agents)
+    try:
+        controllers.start()
+        controllers.wait_ready()
+        controllers.wait_leading()
+        for agent in agents.values():
+            agent.start()
+        eventually(lambda: all(a.ready() for a in agents.values()), what="every node agent ready")
+        yield started
+    finally:
+        controllers.stop()
+        for agent in agents.values():
+            agent.stop()
+        plane.kubectl("delete", "configmap", "gpuguard-remediation", "-n", NAMESPACE, "--ignore-not-found")
+
+
+@pytest.fixture
+def healthy_again(cluster: NodeCluster, responders: Responders) -> Iterator[None]:
+    """After the test: every device healthy, and gpuguard's taint gone again (the controllers undo it)."""
+    yield
+    for plugin in cluster.plugins.values():
+        for device in plugin.health():
+            plugin.set_health(device, HEALTHY)
+    for name in cluster.nodes:
+        gpus_back(cluster, name)
+        untainted(cluster, responders, name)
+
+
+def gpus_back(cluster: NodeCluster, name: str) -> None:
+    node, plugin = cluster.nodes[name], cluster.plugins[name]
+    node.wait_for(lambda: allocatable(node.node(), GPU) == len(plugin.health()), what="every GPU allocatable")
+
+
+def untainted(cluster: NodeCluster, responders: Responders, name: str) -> None:
+    eventually(
+        lambda: TAINT not in taints(cluster.plane, name),
+        what=f"gpuguard's taint removed from {name} on recovery",
+        timeout=PATIENCE,
+        processes=[responders.controllers],
+    )
+
+
+def job_pods(plane: ControlPlane, namespace: str, job: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = plane.kubectl_json("get", "pods", "-n", namespace, "-l", f"job-name={job}")[
+        "items"
+    ]
+    return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
+
+
+def held_device(pod: dict[str, Any] | None) -> str:
+    """The one GPU the kubelet reports the pod's container holds."""
+    for status in (pod or {}).get("status", {}).get("containerStatuses") or []:
+        for allocated in status.get("allocatedResourcesStatus") or []:
+            if allocated["name"] == GPU and allocated.get("resources"):
+                device: str = allocated["resources"][0]["resourceID"]
+                return device
+    return ""
+
+
+def disruption_target(pod: dict[str, Any] | None) -> bool:
+    conditions = (pod or {}).get("status", {}).get("conditions") or []
+    return any(c["type"] == "DisruptionTarget" and c["status"] == "True" for c in conditions)
+
+
+def remove_hold(plane: ControlPlane, namespace: str, name: str) -> None:
+    """Takes the test's finalizer off the pod, and only it (the Job controller's stays), at the version read."""
+    pod = get_pod(plane, namespace, name)
+    if pod is None or HOLD not in (pod["metadata"].get("finalizers") or []):
+        return
+    rest = [f for f in pod["metadata"]["finalizers"] if f != HOLD]
+    patch = {"metadata": {"finalizers": rest, "resourceVersion": pod["metadata"]["resourceVersion"]}}
+    plane.kubectl("patch", "pod", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+
+
+@pytest.fixture
+def holds_released(cluster: NodeCluster, namespace: str) -> Iterator[None]:
+    """After the test, before its namespace goes: no pod keeps the test's finalizer."""
+    yield
+    listed = cluster.plane.kubectl_json("get", "pods", "-n", namespace)["items"]
+    for pod in listed:
+        remove_hold(cluster.plane, namespace, pod["metadata"]["name"])
+
+
+def test_a_failed_device_is_tainted_evicted_and_replaced_on_the_healthy_node_without_counting(
+    cluster: NodeCluster,
+    responders: Responders,
+    healthy_again: None,
+    namespace: str,
+    holds_released: None,
+    summary: Callable[[str, str], None],
+) -> None:
+    plane = cluster.plane
+    manifest = on_node(gpu_job("train", namespace), next(iter(cluster.nodes)), TERM_RECORDER_EXIT_143)
+    template = manifest["spec"]["template"]
+    del template["spec"]["nodeSelector"][HOSTNAME_LABEL]  # the scheduler picks the node
+    template["metadata"]["finalizers"] = [HOLD]  # the evicted pod stays readable after its containers
+    manifest["spec"]["backoffLimit"] = 0  # one counted failure would fail the Job
+    submit(plane, "create", manifest)
+    rules = plane.kubectl_json("get", "job", "train", "-n", namespace)["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
+
+    eventually(lambda: len(job_pods(plane, namespace, "train")) == 1, what="the Job's pod")
+    first = job_pods(plane, namespace, "train")[0]["metadata"]["name"]
+    try:
+        pod = wait_for_pod(
+            plane, namespace, first, lambda p: running(p) and bool(held_device(p)), what="running"
+        )
+        assert pod is not None
+        failed_node, device = pod["spec"]["nodeName"], held_device(pod)
+        (healthy_node,) = set(cluster.nodes) - {failed_node}
+        node, plugin = cluster.nodes[failed_node], cluster.plugins[failed_node]
+
+        failed_at = uptime()
+        plugin.set_health(device, UNHEALTHY)
+        node.wait_for(
+            lambda: allocatable(node.node(), GPU) == len(plugin.health()) - 1, what="allocatable lowered"
+        )
+        eventually(
+            lambda: TAINT in taints(plane, failed_node),
+            what="gpuguard's taint on the failed node",
+            timeout=PATIENCE,
+            processes=[responders.controllers],
+        )
+        graces: set[int] = set()
+
+        def terminated(pod: dict[str, Any] | None) -> bool:
+            assert pod is not None
+            if pod["metadata"].get("deletionGracePeriodSeconds") is not None:
+                graces.add(pod["metadata"]["deletionGracePeriodSeconds"])
+            return disruption_target(pod) and "terminated" in container_status(pod).get("state", {})
+
+        evicted = wait_for_pod(
+            plane, namespace, first, terminated, what="evicted and stopped", timeout=PATIENCE
+        )
+        assert evicted is not None
+        state = container_status(evicted)["state"]["terminated"]
+    finally:
+        remove_hold(plane, namespace, first)
+    term_after = float(state["message"]) - failed_at
+    assert GRACE_SECONDS in graces  # the eviction gave the pod gpuguard's grace period
+    assert term_after >= PRE_STOP_SECONDS  # the preStop sleep ran before SIGTERM reached the container
+    assert state["exitCode"] == 143  # its own TERM handler's exit, not SIGKILL's 137: within the grace period
+
+    def replacement() -> dict[str, Any] | None:
+        pods = [p for p in job_pods(plane, namespace, "train") if p["metadata"]["name"] != first]
+        return pods[0] if pods and running(pods[0]) else None
+
+    eventually(
+        lambda: replacement() is not None, what="the Job controller's replacement running", timeout=PATIENCE
+    )
+    replaced = replacement()
+    assert replaced is not None and replaced["spec"]["nodeName"] == healthy_node
+    status = plane.kubectl_json("get", "job", "train", "-n", namespace)["status"]
+    assert status.get("failed", 0) == 0  # the disruption cost the Job nothing
+    assert not any(c["type"] == "Failed" and c["status"] == "True" for c in status.get("conditions") or [])
+    summary(
+        "device_failure",
+        f"device {device} on {failed_node} failed: tainted, evicted, SIGTERM {term_after:.1f} s after the failure "
+        f"(preStop {PRE_STOP_SECONDS} s, grace {GRACE_SECONDS} s), replaced on {healthy_node}, 0 failures counted",
+    )
+
+
+def agent_condition(pod: dict[str, Any] | None) -> dict[str, Any] | None:
+    conditions = (pod or {}).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == holdings.CONDITION_TYPE), None)
+
+
+def test_the_node_agent_names_the_pod_on_the_failed_device_and_only_that_pod_is_evicted(
+    cluster: NodeCluster,
+    responders: Responders,
+    healthy_again: None,
+    namespace: str,
+    summary: Callable[[str, str], None],
+) -> None:
+    plane, name = cluster.plane, "node-b"
+    plugin, agent = cluster.plugins[name], responders.agents[name]
+    for pod_name in ("holder", "neighbour"):
+        submit(
+            plane,
+            "create",
+            on_node(gpu_pod(pod_name, namespace, restart_policy="Always"), name, TERM_RECORDER),
+        )
+    pods = {
+        pod_name: wait_for_pod(
+            plane, namespace, pod_name, lambda p: running(p) and bool(held_device(p)), what="running"
+        )
+        for pod_name in ("holder", "neighbour")
+    }
+    device = held_device(pods["holder"])
+    assert device != held_device(pods["neighbour"])
+
+    plugin.set_health(device, UNHEALTHY)
+    eventually(
+        lambda: (agent_condition(get_pod(plane, namespace, "holder")) or {}).get("status") == "False",
+        what="the agent's condition on the pod holding the failed device",
+        timeout=PATIENCE,
+        processes=[responders.controllers],
+    )
+    condition = agent_condition(get_pod(plane, namespace, "holder"))
+    assert condition is not None
+    assert condition["reason"] == holdings.LOST_REASON
+    assert condition["message"] == f"{GPU} {device} (container main)"
+    assert agent.metric("gpuguard_node_agent_lost_devices", resource=GPU) == 1
+    eventually(
+        lambda: (
+            disruption_target(get_pod(plane, namespace, "holder"))
+            or get_pod(plane, namespace, "holder") is None
+        ),
+        what="the holder evicted",
+        timeout=PATIENCE,
+        processes=[responders.controllers],
+    )
+    neighbour = get_pod(plane, namespace, "neighbour")
+    assert running(neighbour) and not disruption_target(neighbour)  # the pod on a healthy device stays
+    assert agent_condition(neighbour) is None  # and the agent never wrote to it
+    summary(
+        "node_agent",
+        f"node agent: {device} held by {namespace}/holder reported; holder evicted, neighbour kept",
+    )

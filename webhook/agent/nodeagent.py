@@ -1,0 +1,256 @@
+"""The composition root and loop of `gpuguard node-agent`: one replica per node (a DaemonSet).
+
+Every `interval` seconds it asks the kubelet's PodResources API which devices the node's pods hold
+and which the node still allocates, and keeps each pod's `GPUGuardDevicesAllocatable` condition true
+to that (webhook.policy.holdings decides what to write). The pod device-health watcher of
+`gpuguard controllers` reads the condition as it reads `allocatedResourcesStatus`, and decides under
+the policy whether to evict. The agent itself only reports: it never evicts, taints or deletes. What
+it remembers in memory (when it first saw a loss) only delays a first report; a report already made
+is read back from the pod, so a restarted agent neither forgets nor repeats one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from webhook import probes
+from webhook.agent.podresources import DEFAULT_SOCKET, PodResourcesClient
+from webhook.kube import remediation
+from webhook.kube.client import api_client
+from webhook.kube.events import EventRecorder, ObjectRef, api_sender
+from webhook.kube.informer import Informer
+from webhook.kube.remediation import ConflictError, NotFoundError
+from webhook.metrics import Registry
+from webhook.policy import holdings
+from webhook.policy.holdings import DeviceKey, Holding, PodView
+
+log = logging.getLogger("gpuguard.node-agent")
+
+
+@dataclass(frozen=True)
+class Options:
+    node: str
+    socket: Path = DEFAULT_SOCKET
+    interval: float = 10.0
+    # How long a device must stay held-but-not-allocatable before it is reported.
+    confirm_seconds: float = 30.0
+    host: str = "0.0.0.0"
+    port: int = 8082
+    kubeconfig: str | None = None
+
+
+class PodResources(Protocol):
+    def held(self) -> list[Holding]: ...
+
+    def allocatable(self) -> dict[str, frozenset[str]]: ...
+
+
+class PodCache(Protocol):
+    def snapshot(self) -> dict[Hashable, PodView]: ...
+
+    def has_synced(self) -> bool: ...
+
+
+class StatusWriter(Protocol):
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def _pod(raw: dict[str, Any]) -> tuple[Hashable, PodView] | None:
+    pod = holdings.pod_view(raw)
+    return (pod.key, pod) if pod is not None else None
+
+
+@dataclass
+class Observation:
+    """What the last poll saw, for the metrics and /readyz."""
+
+    ok: bool = False
+    lost: dict[str, int] = field(default_factory=dict)
+    unregistered: tuple[str, ...] = ()
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        options: Options,
+        *,
+        resources: PodResources,
+        pods: PodCache,
+        writer: StatusWriter,
+        events: EventRecorder,
+        registry: Registry,
+        stop: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.options = options
+        self.resources = resources
+        self.pods = pods
+        self.writer = writer
+        self.events = events
+        self.registry = registry
+        self.stop = stop
+        self.clock = clock
+        self.first_seen: dict[DeviceKey, float] = {}
+        self.observation = Observation()
+        registry.counter("gpuguard_node_agent_polls_total", "PodResources polls by outcome", ("outcome",))
+        registry.counter(
+            "gpuguard_node_agent_condition_writes_total",
+            "pod condition writes by condition status and outcome",
+            ("status", "outcome"),
+        )
+        registry.gauge(
+            "gpuguard_node_agent_lost_devices",
+            "devices held by pods but no longer allocatable, by resource (last poll)",
+            ("resource",),
+            lambda: [((resource,), float(n)) for resource, n in self.observation.lost.items()],
+        )
+        registry.gauge(
+            "gpuguard_node_agent_unregistered_resources",
+            "resources held by pods whose device plugin offers no device at all (last poll)",
+            ("resource",),
+            lambda: [((resource,), 1.0) for resource in self.observation.unregistered],
+        )
+
+    def poll(self) -> None:
+        """One pass: read the kubelet, decide, write the differences. A failed read changes nothing."""
+        try:
+            held, allocatable = self.resources.held(), self.resources.allocatable()
+        except Exception as exc:  # grpc errors and unreadable answers alike: report, keep what is written
+            log.warning(
+                "PodResources API unreadable: %s", exc, extra={"fields": {"socket": str(self.options.socket)}}
+            )
+            self.registry.inc("gpuguard_node_agent_polls_total", "error")
+            self.observation = Observation()
+            return
+        self.registry.inc("gpuguard_node_agent_polls_total", "ok")
+        now = self.clock()
+        loss = holdings.loss(held, allocatable)
+        seen = holdings.device_keys(loss.lost)
+        self.first_seen = {key: self.first_seen.get(key, now) for key in seen}
+        pods = {str(key): pod for key, pod in self.pods.snapshot().items()}
+        reported = holdings.reported_devices(pods.values())
+        lost = holdings.confirmed(loss.lost, self.first_seen, reported, now, self.options.confirm_seconds)
+        unsure = {h.pod_key for h in held if h.resource in loss.unregistered}
+        counts: dict[str, int] = {}
+        for holding in loss.lost:
+            counts[holding.resource] = counts.get(holding.resource, 0) + len(holding.device_ids)
+        self.observation = Observation(True, counts, loss.unregistered)
+        if loss.unregistered:
+            log.warning(
+                "no device of %s is allocatable: its plugin is not registered; pods holding it keep their condition",
+                ", ".join(loss.unregistered),
+            )
+        for write in holdings.writes(pods, lost, unsure=unsure):
+            self._write(write)
+
+    def _write(self, write: holdings.Write) -> None:
+        pod, condition = write.pod, write.condition
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        patch = {
+            "metadata": {"resourceVersion": pod.resource_version},
+            "status": {
+                "conditions": [
+                    {
+                        "type": holdings.CONDITION_TYPE,
+                        "status": condition.status,
+                        "reason": condition.reason,
+                        "message": condition.message,
+                        "lastTransitionTime": now,
+                        "lastProbeTime": now,
+                    }
+                ]
+            },
+        }
+        try:
+            self.writer.patch_status(pod.namespace, pod.name, patch)
+        except ConflictError:
+            # The pod changed since it was cached: the next poll decides on the newer version.
+            self.registry.inc("gpuguard_node_agent_condition_writes_total", condition.status, "conflict")
+            return
+        except NotFoundError:
+            self.registry.inc("gpuguard_node_agent_condition_writes_total", condition.status, "gone")
+            return
+        self.registry.inc("gpuguard_node_agent_condition_writes_total", condition.status, "written")
+        lost = condition.status == "False"
+        log.warning(
+            "pod holds a device its node no longer allocates"
+            if lost
+            else "pod's devices are allocatable again",
+            extra={"fields": {"pod": pod.key, "node": self.options.node, "devices": condition.message}},
+        )
+        self.events.record(
+            ObjectRef("v1", "Pod", pod.namespace, pod.name, pod.uid),
+            "DeviceNotAllocatable" if lost else "DevicesAllocatable",
+            f"on node {self.options.node}: {condition.message}" if lost else condition.message,
+            action="ReportDeviceHealth",
+            warning=lost,
+        )
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if self.pods.has_synced():
+                self.poll()
+            self.stop.wait(self.options.interval)
+
+
+def run(options: Options) -> int:
+    import uvicorn  # the probes' server, only to run
+
+    stop = threading.Event()
+    api = api_client(options.kubeconfig)
+    registry = Registry()
+    events = EventRecorder(api_sender(api), stop=stop)
+    pods: Informer[PodView] = Informer("pods", remediation.pods_on_node(api, options.node), _pod, stop=stop)
+    client = PodResourcesClient(options.socket)
+    agent = NodeAgent(
+        options,
+        resources=client,
+        pods=pods,
+        writer=remediation.PodStatusWriter(api),
+        events=events,
+        registry=registry,
+        stop=stop,
+    )
+    checks = probes.Probes(
+        detail=lambda: f"node={options.node}",
+        metrics=registry.render,
+        status=lambda: {
+            "node": options.node,
+            "socket": str(options.socket),
+            "lastPollOk": agent.observation.ok,
+        },
+    )
+    checks.add_readiness_check("pods", pods.has_synced)
+    checks.add_readiness_check("podresources", lambda: agent.observation.ok)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            probes.create_app(checks),
+            host=options.host,
+            port=options.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+        )
+    )
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    serving = threading.Thread(target=server.run, name="probes", daemon=True)
+    serving.start()
+    events.start()
+    pods.start()
+    polling = threading.Thread(target=agent.run, name="poll", daemon=True)
+    polling.start()
+    stop.wait()
+    polling.join(timeout=options.interval + 5)
+    client.close()
+    server.should_exit = True
+    serving.join(timeout=5)
+    return 0

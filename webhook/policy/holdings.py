@@ -1,0 +1,215 @@
+"""Which pods hold devices their node no longer offers, from the kubelet's PodResources API (pure).
+
+The kubelet's PodResources API answers two questions: which devices each container of each pod holds
+(`List`) and which devices the node can still hand out (`GetAllocatableResources`: the healthy ones,
+held or not). A device held but no longer allocatable has failed under a running workload. The node
+agent reports it as a pod condition; the pod device-health watcher reads that condition like the
+kubelet's own `allocatedResourcesStatus`, so device plugins and kubelets that do not write the latter
+are covered too. The condition's message is written and read here, in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+# A pod condition (custom types are allowed there, as readiness gates use them). Status False: the pod
+# holds a device its node no longer allocates; True once it holds none (written only to undo a False).
+CONDITION_TYPE = "GPUGuardDevicesAllocatable"
+LOST_REASON = "DeviceNotAllocatable"
+RESTORED_REASON = "DevicesAllocatable"
+_HOLDING = re.compile(r"^(?P<resource>\S+) (?P<devices>\S+) \(container (?P<container>[^)]*)\)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """The devices of one resource one container of a pod holds (or, from `lost`, has lost)."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: frozenset[str]
+
+    @property
+    def pod_key(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    # Holdings that include a device the node no longer allocates, only those devices kept.
+    lost: tuple[Holding, ...]
+    # Resources held by pods but absent from the allocatable set altogether: their device plugin is
+    # not registered (restarting, or gone). That says nothing about any one device, so no pod is named.
+    unregistered: tuple[str, ...]
+
+
+def loss(held: Iterable[Holding], allocatable: Mapping[str, frozenset[str]]) -> Loss:
+    lost: list[Holding] = []
+    unregistered: dict[str, None] = {}
+    for holding in held:
+        offered = allocatable.get(holding.resource)
+        if not offered:
+            unregistered[holding.resource] = None
+            continue
+        if missing := holding.device_ids - offered:
+            lost.append(Holding(holding.namespace, holding.pod, holding.container, holding.resource, missing))
+    return Loss(tuple(lost), tuple(sorted(unregistered)))
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    status: str
+    reason: str
+    message: str
+
+
+def by_pod(holdings: Iterable[Holding]) -> dict[str, list[Holding]]:
+    found: defaultdict[str, list[Holding]] = defaultdict(list)
+    for holding in holdings:
+        found[holding.pod_key].append(holding)
+    return dict(found)
+
+
+def lost_condition(holdings: Iterable[Holding]) -> Condition:
+    """The condition for a pod holding lost devices: one `<resource> <id>[,<id>] (container <name>)`
+    per holding, `; ` between them, sorted, so the same loss always reads the same."""
+    parts = sorted(
+        f"{h.resource} {','.join(sorted(h.device_ids))} (container {h.container})" for h in holdings
+    )
+    return Condition("False", LOST_REASON, "; ".join(parts))
+
+
+RESTORED = Condition("True", RESTORED_REASON, "every device the pod holds is allocatable again")
+
+
+@dataclass(frozen=True, slots=True)
+class LostDevice:
+    container: str
+    resource: str
+    device: str
+
+
+def lost_devices(message: str) -> tuple[LostDevice, ...]:
+    """The devices named by a `lost_condition` message (unreadable parts are skipped)."""
+    found: list[LostDevice] = []
+    for part in message.split("; "):
+        match = _HOLDING.match(part)
+        if match is None:
+            continue
+        found.extend(
+            LostDevice(match["container"], match["resource"], device)
+            for device in match["devices"].split(",")
+            if device
+        )
+    return tuple(found)
+
+
+# --- what the agent writes -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What the agent reads of a pod on its node: enough to write its condition at a known version."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    # The agent's condition as the pod carries it now (None: never written).
+    condition: Condition | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_view(raw: Mapping[str, object]) -> PodView | None:
+    metadata, status = raw.get("metadata"), raw.get("status")
+    if not isinstance(metadata, Mapping):
+        return None
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        return None
+    condition = None
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for item in conditions if isinstance(conditions, list) else []:
+        if isinstance(item, Mapping) and item.get("type") == CONDITION_TYPE:
+            condition = Condition(
+                str(item.get("status", "")), str(item.get("reason", "")), str(item.get("message", ""))
+            )
+    return PodView(
+        namespace, name, str(metadata.get("uid", "")), str(metadata.get("resourceVersion", "")), condition
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    pod: PodView
+    condition: Condition
+
+
+DeviceKey = tuple[str, str, str, str]  # pod key, container, resource, device
+
+
+def device_keys(holdings: Iterable[Holding]) -> set[DeviceKey]:
+    return {(h.pod_key, h.container, h.resource, d) for h in holdings for d in h.device_ids}
+
+
+def confirmed(
+    lost: Iterable[Holding],
+    first_seen: Mapping[DeviceKey, float],
+    reported: Iterable[DeviceKey],
+    now: float,
+    confirm_seconds: float,
+) -> list[Holding]:
+    """The losses seen for at least `confirm_seconds` (a device plugin that re-registers, or a List
+    answered mid-change, is not a failure), or already reported on the pod (the report survives an
+    agent restart: it lives in the cluster). Only the confirmed devices are kept."""
+    reported = set(reported)
+    kept: list[Holding] = []
+    for holding in lost:
+        devices = frozenset(
+            device
+            for device in holding.device_ids
+            if (key := (holding.pod_key, holding.container, holding.resource, device)) in reported
+            or now - first_seen.get(key, now) >= confirm_seconds
+        )
+        if devices:
+            kept.append(Holding(holding.namespace, holding.pod, holding.container, holding.resource, devices))
+    return kept
+
+
+def reported_devices(pods: Iterable[PodView]) -> set[DeviceKey]:
+    """The devices the pods' conditions already name as lost."""
+    found: set[DeviceKey] = set()
+    for pod in pods:
+        if pod.condition is not None and pod.condition.status == "False":
+            found.update(
+                (pod.key, d.container, d.resource, d.device) for d in lost_devices(pod.condition.message)
+            )
+    return found
+
+
+def writes(
+    pods: Mapping[str, PodView], lost: Iterable[Holding], *, unsure: Iterable[str] = ()
+) -> list[Write]:
+    """The condition writes that make every pod on the node say what it holds: False naming its lost
+    devices, True again for a pod whose False no longer holds. Pods in `unsure` (holding a resource
+    whose plugin is not registered) keep what they say. Nothing is written that is already there."""
+    wanted = {key: lost_condition(held) for key, held in by_pod(lost).items()}
+    unsure = set(unsure)
+    planned: list[Write] = []
+    for key, pod in sorted(pods.items()):
+        condition = wanted.get(key)
+        if condition is None:
+            stale = pod.condition is not None and pod.condition.status == "False"
+            if not stale or key in unsure:
+                continue
+            condition = RESTORED
+        if pod.condition != condition:
+            planned.append(Write(pod, condition))
+    return planned
