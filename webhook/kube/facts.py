@@ -13,7 +13,7 @@ from kubernetes import client
 
 from webhook.kube.client import ResourceListWatch, metadata_of
 from webhook.kube.informer import Converter, Informer
-from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo
+from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo, Taint
 
 
 def priority_class(raw: dict[str, Any]) -> tuple[Hashable, PriorityClassInfo] | None:
@@ -45,7 +45,17 @@ def node(raw: dict[str, Any]) -> tuple[Hashable, NodeInfo] | None:
     status = raw.get("status")
     capacity = status.get("capacity") if isinstance(status, dict) else None
     resources = tuple(sorted(capacity)) if isinstance(capacity, dict) else ()
-    return name, NodeInfo(dict(labels) if isinstance(labels, dict) else {}, resources)
+    spec = raw.get("spec")
+    taints = spec.get("taints") if isinstance(spec, dict) else None
+    return name, NodeInfo(
+        dict(labels) if isinstance(labels, dict) else {},
+        resources,
+        tuple(
+            Taint(str(taint.get("key", "")), str(taint.get("effect", "")))
+            for taint in (taints if isinstance(taints, list) else [])
+            if isinstance(taint, dict)
+        ),
+    )
 
 
 def _device_classes(claim_spec: object) -> tuple[str, ...]:

@@ -22,9 +22,16 @@ class PriorityClassInfo:
 
 
 @dataclass(frozen=True)
+class Taint:
+    key: str
+    effect: str  # NoSchedule, PreferNoSchedule or NoExecute
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     labels: Mapping[str, str]
     resources: tuple[str, ...] = ()  # resource names in the node's capacity
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -244,7 +244,8 @@ MUTATORS: dict[RuleId, Mutator] = {
 # --- rule 5: accelerator-node guard (validating) ---------------------------------------------------------
 
 
-def _is_accelerator_node(node: NodeInfo, policy: Policy) -> bool:
+def is_accelerator_node(node: NodeInfo, policy: Policy) -> bool:
+    """A node carrying an accelerator label, or an accelerator resource in its capacity."""
     accelerators = policy.accelerators
     return any(key in node.labels for key in accelerators.nodeLabels) or any(
         accelerators.is_accelerator_resource(name) for name in node.resources
@@ -256,7 +257,7 @@ def accelerator_node_reasons(workload: Workload, policy: Policy, facts: ClusterF
     accelerators = policy.accelerators
     reasons = [f"requests {name}" for name in accelerator_requests(workload, accelerators, facts)]
     node = facts.nodes.get(str(workload.pod_spec.get("nodeName"))) if facts.nodes is not None else None
-    if node is not None and _is_accelerator_node(node, policy):
+    if node is not None and is_accelerator_node(node, policy):
         reasons.append(f"nodeName {workload.pod_spec['nodeName']}")
     labels = set(accelerators.nodeLabels)
     selector = as_dict(workload.pod_spec.get("nodeSelector")) or {}
