@@ -7,6 +7,7 @@ gpuguard review [--validate] FILE|-               prints the AdmissionReview ans
 gpuguard policy check FILE | policy default | policy status [--url URL --cacert FILE]
 gpuguard certs generate [--dir certs] [--service NAME --namespace NS] [--san NAME]
 gpuguard certs rotate --secret NS/NAME            starts a CA rotation the running replicas complete
+gpuguard audit [-n NS | -A] [-o json|yaml] [--report]   judges what already runs (webhook/cli_audit.py)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from webhook import logs
+from webhook import cli_audit, logs
 from webhook.admission import review
 from webhook.certs import files as certfiles
 from webhook.policy import engine, patch
@@ -351,6 +352,7 @@ def _parser() -> argparse.ArgumentParser:
     rotate.add_argument("--secret", required=True, metavar="NAMESPACE/NAME", type=_namespaced_name)
     rotate.add_argument("--kubeconfig", help="cluster credentials; in a pod the service account is used")
     rotate.set_defaults(run=cmd_certs_rotate)
+    cli_audit.add_parser(commands)
     return parser
 
 
