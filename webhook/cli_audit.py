@@ -142,8 +142,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     shown = audit.only(args.rule) if args.rule else audit
     sys.stdout.write(_render(shown, args.output))
     if written is not None and report_api is not None:
-        counts = ", ".join(f"{written[k]} {k}" for k in ("created", "updated", "unchanged", "deleted"))
-        _note(f"{report_api.describe()} reports: {counts}")
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(written.items()))
+        _note(f"{report_api.describe()} reports: {counts or 'none to write'}")
     if args.fail_on and any(f.worst() in FAIL_ON[args.fail_on] for f in shown.findings):
         return EXIT_FINDINGS
     return 0

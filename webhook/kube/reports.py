@@ -27,7 +27,8 @@ CONFLICT_RETRIES = 3
 
 log = logging.getLogger("gpuguard.reports")
 
-Written = Literal["created", "updated", "unchanged", "deleted"]
+# skipped: the namespace is being deleted, and the API server takes nothing new into it.
+Written = Literal["created", "updated", "unchanged", "deleted", "skipped"]
 # The content for a report, given the report as it is now (None when there is none yet).
 Desired = Callable[[Mapping[str, Any] | None], dict[str, Any]]
 
@@ -187,6 +188,8 @@ class ReportWriter:
                 self._call("replace", namespace, NAME, wanted, field_manager=FIELD_MANAGER)
                 return "updated"
             except ApiException as exc:
+                if exc.status == 403 and "NamespaceTerminating" in str(exc.body or ""):
+                    return "skipped"
                 if exc.status != 409:
                     raise
                 log.info("report %s/%s changed since read; reading it again", namespace or "(cluster)", NAME)
