@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import re
 import secrets
-import subprocess
-import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
 from controlplane import ControlPlane, log_tail
+from session import BUILD_SCRIPT, announce, build_control_plane
 from webhook_harness import (
-    REPO_ROOT,
     WebhookProcess,
     default_priority_classes,
     install_priority_classes,
@@ -22,7 +20,6 @@ from webhook_harness import (
 )
 
 HERE = Path(__file__).resolve().parent
-BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "build.sh"
 CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()
 WEBHOOK_KEY = pytest.StashKey[WebhookProcess]()
 SUMMARY_KEY = pytest.StashKey[list[str]]()
@@ -33,17 +30,6 @@ def _pinned_version() -> str:
     go_mod = (BUILD_SCRIPT.parent / "go.mod").read_text()
     match = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", go_mod, re.MULTILINE)
     return match.group(1) if match else "unknown"
-
-
-def _announce(config: pytest.Config, message: str) -> None:
-    """Writes straight to the terminal, even with output capture on and under -q."""
-    reporter: pytest.TerminalReporter | None = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None:
-        print(message, file=sys.stderr)
-        return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line(message)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -86,26 +72,20 @@ def pytest_runtest_makereport(
     return report
 
 
-def _build_control_plane(config: pytest.Config) -> Path:
-    # No-op once the binaries are cached; a cold build takes about 10 min, so let its progress through.
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    assert capture is not None
-    with capture.global_and_fixture_disabled():
-        result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
-    if result.returncode != 0:
-        pytest.fail(f"{BUILD_SCRIPT} failed with exit code {result.returncode}", pytrace=False)
-    return Path(result.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="session")
+def k8s_bin(pytestconfig: pytest.Config) -> Path:
+    """The folder of the Go-built Kubernetes binaries and etcd."""
+    return build_control_plane(pytestconfig)
 
 
 @pytest.fixture(scope="session")
 def control_plane(
-    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+    k8s_bin: Path, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
-    bin_dir = _build_control_plane(pytestconfig)
-    plane = ControlPlane.start(bin_dir, tmp_path_factory.mktemp("controlplane"))
+    plane = ControlPlane.start(k8s_bin, tmp_path_factory.mktemp("controlplane"))
     try:
         pytestconfig.stash[CONTROL_PLANE_KEY] = plane
-        _announce(
+        announce(
             pytestconfig,
             f"e2e: Kubernetes {plane.version} control plane ready in {plane.startup_seconds:.1f} s",
         )

@@ -1,0 +1,108 @@
+"""The event recorder: `record` never waits on the API server, the queue stays bounded, a refused
+Event is logged and the next one still goes out, and each body is what events.k8s.io/v1 accepts."""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from webhook.kube.events import NOTE_LIMIT, REPORTING_CONTROLLER, EventRecorder, ObjectRef
+
+WAIT = 10.0
+CONFIGMAP = ObjectRef("v1", "ConfigMap", "gpuguard", "gpuguard-policy", "uid-1")
+# metadata.name of an Event must be a DNS subdomain; eventTime is a MicroTime.
+SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+class Sink:
+    """Plays the API server: keeps what it is sent, and can be made to hang or refuse."""
+
+    def __init__(self) -> None:
+        self.sent: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.refuse: set[str] = set()
+
+    def __call__(self, namespace: str, body: dict[str, Any]) -> None:
+        self.gate.wait()
+        if body["reason"] in self.refuse:
+            raise RuntimeError("(422)\nReason: Unprocessable Entity\nHTTP response headers: ...")
+        self.sent.put((namespace, body))
+
+
+@pytest.fixture
+def stop() -> Iterator[threading.Event]:
+    stop = threading.Event()
+    yield stop
+    stop.set()
+
+
+def test_an_event_body_is_what_the_events_api_accepts(stop: threading.Event) -> None:
+    sink = Sink()
+    recorder = EventRecorder(sink, stop=stop)
+    recorder.start()
+    recorder.record(CONFIGMAP, "InvalidPolicy", "x" * (NOTE_LIMIT + 10), action="LoadPolicy", warning=True)
+    namespace, body = sink.sent.get(timeout=WAIT)
+    assert namespace == "gpuguard"
+    assert body["apiVersion"] == "events.k8s.io/v1" and body["type"] == "Warning"
+    assert SUBDOMAIN.match(body["metadata"]["name"]) and body["metadata"]["name"].startswith(
+        "gpuguard-policy."
+    )
+    assert MICRO_TIME.match(body["eventTime"])
+    assert body["reportingController"] == REPORTING_CONTROLLER and body["reportingInstance"]
+    assert body["regarding"] == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "namespace": "gpuguard",
+        "name": "gpuguard-policy",
+        "uid": "uid-1",
+    }
+    assert len(body["note"]) == NOTE_LIMIT and body["action"] == "LoadPolicy"
+
+
+def test_record_does_not_wait_for_a_hanging_api_server_and_the_queue_stays_bounded(
+    stop: threading.Event,
+) -> None:
+    sink = Sink()
+    sink.gate.clear()  # the API server takes every request and never answers
+    recorder = EventRecorder(sink, stop=stop, limit=3)
+    recorder.start()
+    for index in range(10):
+        recorder.record(CONFIGMAP, "PolicyLoaded", f"policy {index}", action="LoadPolicy", warning=False)
+    # The sender holds at most one in its hands (6 dropped), or took none yet (7 dropped); the queue
+    # keeps the newest three either way.
+    assert recorder.pending() <= 3
+    assert recorder.dropped in (6, 7)
+    sink.gate.set()
+    notes = [sink.sent.get(timeout=WAIT)[1]["note"] for _ in range(10 - recorder.dropped)]
+    assert notes[-1] == "policy 9"
+
+
+def test_a_refused_event_is_logged_and_the_next_one_still_goes_out(
+    stop: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = Sink()
+    sink.refuse.add("InvalidPolicy")
+    recorder = EventRecorder(sink, stop=stop)
+    recorder.start()
+    recorder.record(CONFIGMAP, "InvalidPolicy", "bad", action="LoadPolicy", warning=True)
+    recorder.record(CONFIGMAP, "PolicyLoaded", "good", action="LoadPolicy", warning=False)
+    assert sink.sent.get(timeout=WAIT)[1]["reason"] == "PolicyLoaded"
+    assert recorder.failed == 1
+    (warning,) = [r for r in caplog.records if r.name == "gpuguard.events"]
+    # One readable line: the status, not the response headers.
+    assert "InvalidPolicy" in warning.getMessage() and "headers" not in warning.getMessage()
+
+
+def test_the_sender_ends_when_stopped(stop: threading.Event) -> None:
+    recorder = EventRecorder(Sink(), stop=stop)
+    recorder.start()
+    stop.set()
+    recorder.thread.join(WAIT)
+    assert not recorder.thread.is_alive()
