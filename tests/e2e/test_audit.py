@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from controlplane import ControlPlane, free_ports
+from controlplane import ControlPlane, free_ports, wait_until
 from install_harness import render, run_gpuguard, service_account_kubeconfig
 from webhook_harness import (
     OWNER_LABEL,
@@ -39,6 +40,9 @@ from webhook_harness import (
 )
 
 from webhook import cli, cli_audit
+from webhook.audit import background
+from webhook.kube.client import api_client
+from webhook.policy.model import parse_policy
 
 HERE = Path(__file__).resolve().parent
 CRD_FILE = HERE / "crds" / "wgpolicyk8s.io-v1alpha2.yaml"
@@ -585,3 +589,39 @@ def test_an_unreachable_api_server_and_a_bad_kubeconfig_have_their_exit_codes(
     code, out, err = run("-n", "default", kubeconfig=garbage)
     assert (code, out) == (cli_audit.EXIT_USAGE, "")
     assert "no usable cluster credentials" in err
+
+
+# --- in the background ---------------------------------------------------------------------------------
+
+
+def test_the_report_loop_writes_reports_and_runs_again_on_a_policy_change(
+    control_plane: ControlPlane, unguarded: str, report_crd: None
+) -> None:
+    submit(control_plane, "apply", gpu_job("train", unguarded))
+    policies = [parse_policy("mode: enforce\n")]
+    loop = background.ReportLoop(
+        api_client(str(control_plane.kubeconfig)), lambda: policies[-1], interval=3600, settle=0.1
+    )
+    stop = threading.Event()
+    threads = loop.start(stop)
+    try:
+        wait_until(lambda: loop.metrics.runs["success"] >= 1, timeout=60, what="the first audit run")
+        report = policy_report(control_plane, unguarded)
+        assert report is not None and report["summary"]["fail"] == 4
+
+        policies.append(parse_policy('rules:\n  podFailurePolicy:\n    mode: "off"\n'))
+        loop.policy_changed()
+        wait_until(
+            lambda: loop.metrics.runs["success"] >= 2, timeout=60, what="the run after the policy change"
+        )
+        report = policy_report(control_plane, unguarded)
+        assert report is not None and report["summary"]["fail"] == 3
+        skipped = next(r for r in report["results"] if r["rule"] == "podFailurePolicy")
+        assert (skipped["result"], skipped["properties"]["mode"]) == ("skip", "off")
+        assert 'gpuguard_audit_results{rule="podFailurePolicy",result="fail"} 0' in loop.metrics.render()
+        assert loop.metrics.runs["error"] == 0
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -394,3 +394,9 @@ def test_metrics_count_results_per_rule_and_result(policy: Policy) -> None:
     assert 'gpuguard_audit_results{rule="acceleratorNodeGuard",result="warn"} 0' in text
     assert 'gpuguard_audit_runs_total{result="error"} 1' in text
     assert "gpuguard_audit_last_success_timestamp_seconds 1000.0" in text
+
+
+def test_a_report_loop_run_that_fails_is_counted_and_does_not_raise(policy: Policy) -> None:
+    loop = background.ReportLoop(cast(Any, object()), lambda: policy)  # no API client at all
+    assert loop.run_once() is False
+    assert loop.metrics.runs == {"error": 1}

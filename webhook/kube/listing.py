@@ -2,7 +2,7 @@
 admission reads from its watch caches (`webhook.kube.facts`), listed once with the same converters.
 
 List responses leave `apiVersion` and `kind` out of their items; they are put back, so every object
-reads as the API server sends it to a webhook.
+reads as the API server sends it to a webhook, `metadata.managedFields` aside.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.kube import facts
-from webhook.kube.client import AccessError, ResourceListWatch
+from webhook.kube.client import AccessError, ResourceListWatch, metadata_of
 from webhook.kube.informer import Converter, ExpiredError, NotServedError, paged
 from webhook.policy.facts import ClusterFacts
 
@@ -94,6 +94,8 @@ class ClusterReader:
         for item in _each(source, what):
             item.setdefault("apiVersion", api_version)
             item.setdefault("kind", kind)
+            # Often half an object, read by no rule, and copied by every mutation the engine tries.
+            metadata_of(item).pop("managedFields", None)
             count += 1
             if count % source.page_size == 0:
                 self.on_page(resource, count)
