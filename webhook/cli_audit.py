@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 import yaml
 
 from webhook.audit import findings, output
 from webhook.policy.model import RULE_IDS, Policy, PolicyError, default_policy, parse_policy
+
+if TYPE_CHECKING:
+    from webhook.kube.client import ApiClient
 
 EXIT_FINDINGS = 1  # --fail-on found what it names
 EXIT_USAGE = 2  # bad arguments, an invalid policy, no usable kubeconfig
@@ -59,7 +62,7 @@ def _note(message: str) -> None:
     print(f"gpuguard audit: {message}", file=sys.stderr)
 
 
-def _policy(args: argparse.Namespace, api: Any) -> Policy:
+def _policy(args: argparse.Namespace, api: ApiClient) -> Policy:
     """The policy file given, else the policy in the ConfigMap the webhook watches (default if absent)."""
     from webhook.kube.policy_source import read_policy_text
 

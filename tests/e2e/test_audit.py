@@ -46,6 +46,7 @@ from webhook.policy.model import parse_policy
 
 HERE = Path(__file__).resolve().parent
 CRD_FILE = HERE / "crds" / "wgpolicyk8s.io-v1alpha2.yaml"
+OPENREPORTS_CRD_FILE = HERE / "crds" / "openreports.io-v1alpha1.yaml"
 CRDS = ("policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io")
 # A value of the label by which the session's gpuguard leaves a namespace alone, naming no webhook at
 # all: what is created there is stored exactly as submitted.
@@ -379,14 +380,19 @@ def test_report_without_a_policyreport_crd_says_which_to_install(
     assert "install the wgpolicyk8s.io/v1alpha2 CRDs" in result.stderr
 
 
+def install_crds(plane: ControlPlane, path: Path) -> dict[str, Any]:
+    """Applies the CRDs in `path` and waits until the API server serves them; returns them."""
+    crds: dict[str, Any] = yaml.safe_load(path.read_text())
+    submit(plane, "apply", crds)
+    names = [f"crd/{crd['metadata']['name']}" for crd in crds["items"]]
+    plane.kubectl("wait", "--for=condition=Established", *names, "--timeout=30s")
+    return crds
+
+
 @pytest.fixture(scope="module")
 def report_crd(control_plane: ControlPlane) -> Iterator[None]:
     """The Policy WG's PolicyReport CRDs, installed for the module's report tests."""
-    crds = yaml.safe_load(CRD_FILE.read_text())
-    submit(control_plane, "apply", crds)
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", *(f"crd/{name}" for name in CRDS), "--timeout=30s"
-    )
+    crds = install_crds(control_plane, CRD_FILE)
     yield
     if control_plane.running:
         submit(control_plane, "delete", crds, "--ignore-not-found", "--wait=false")
@@ -471,6 +477,24 @@ def test_a_cluster_wide_report_holds_the_nodes(
         )
     finally:
         control_plane.kubectl("delete", "node", node, "--wait=false")
+
+
+def test_report_prefers_openreports_when_it_is_installed(
+    control_plane: ControlPlane, unguarded: str, run: Audit, report_crd: None
+) -> None:
+    submit(control_plane, "apply", gpu_job("train", unguarded))
+    crds = install_crds(control_plane, OPENREPORTS_CRD_FILE)
+    try:
+        code, _, err = run("-n", unguarded, "--report")
+        assert code == 0 and "openreports.io/v1alpha1 (Report, ClusterReport) reports: 1 created" in err
+        report = control_plane.kubectl_json("get", "reports.openreports.io", "gpuguard", "-n", unguarded)
+        assert report["source"] == "gpuguard"
+        assert report["summary"] == {"pass": 1, "fail": 4, "warn": 0, "error": 0, "skip": 0}
+        code, _, err = run("-n", unguarded, "--report")
+        assert code == 0 and "reports: 1 unchanged" in err  # its schema keeps every field written
+        assert policy_report(control_plane, unguarded) is None  # nothing went to the older API
+    finally:
+        submit(control_plane, "delete", crds, "--ignore-not-found")  # waits: the next tests use wgpolicy
 
 
 # --- who may run it, and what it says when it cannot ---------------------------------------------------

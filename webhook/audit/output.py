@@ -46,7 +46,8 @@ def _counts(findings: Iterable[Finding]) -> str:
 
 def _rows(finding: Finding) -> list[tuple[str, str, str, str]]:
     subject = finding.subject
-    workload = f"{subject.kind}/{subject.name}" + (f" ({finding.pods} pods)" if finding.pods else "")
+    pods = f" ({finding.pods} pod{'s' if finding.pods != 1 else ''})" if finding.pods else ""
+    workload = f"{subject.kind}/{subject.name}{pods}"
     shown: list[RuleResult] = [r for r in finding.results if r.verdict in SHOWN]
     shown.sort(key=lambda r: VERDICTS.index(r.verdict))
     if not shown:
