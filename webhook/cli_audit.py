@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
@@ -57,6 +58,12 @@ class Progress:
             self.stream.flush()
             self.shown = False
 
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done()
+
 
 def _note(message: str) -> None:
     print(f"gpuguard audit: {message}", file=sys.stderr)
@@ -67,8 +74,7 @@ def _policy(args: argparse.Namespace, api: ApiClient) -> Policy:
     from webhook.kube.policy_source import read_policy_text
 
     if args.policy:
-        with open(args.policy, encoding="utf-8") as file:
-            return parse_policy(file.read())
+        return parse_policy(Path(args.policy).read_text(encoding="utf-8"))
     namespace, _, name = args.policy_configmap.partition("/")
     text = read_policy_text(api, namespace, name, key=POLICY_KEY)
     if text is None:
@@ -104,47 +110,38 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except kube.ConfigError as exc:
         _note(str(exc))
         return EXIT_USAGE
-    server = api.configuration.host
-    progress = Progress(sys.stderr)
     report_api = None
+    written = None
     try:
-        policy = _policy(args, api)
-        if args.report:
-            report_api = kube_reports.served_report_api(api)
-            if report_api is None:
-                _note(kube_reports.MISSING_REPORT_API)
-                return EXIT_NO_REPORT_API
-        reader = listing.ClusterReader(api, on_page=progress.update)
-        audit = scan.scan(reader, policy, namespace=args.namespace)
-        progress.done()
-        written = None
-        if report_api is not None:
-            written = scan.write_reports(
-                kube_reports.ReportWriter(api, report_api),
-                audit,
-                now=int(time.time()),
-                namespace=args.namespace,
+        with Progress(sys.stderr) as progress:
+            policy = _policy(args, api)
+            if args.report:
+                report_api = kube_reports.served_report_api(api)
+                if report_api is None:
+                    _note(kube_reports.MISSING_REPORT_API)
+                    return EXIT_NO_REPORT_API
+            audit = scan.scan(
+                listing.ClusterReader(api, on_page=progress.update), policy, namespace=args.namespace
             )
+            if report_api is not None:
+                writer = kube_reports.ReportWriter(api, report_api)
+                written = scan.write_reports(writer, audit, now=int(time.time()), namespace=args.namespace)
     except kube.NETWORK_ERRORS as exc:
-        progress.done()
-        _note(f"the API server at {server} did not answer: {exc}")
+        _note(f"the API server at {api.configuration.host} did not answer: {exc}")
         return EXIT_CLUSTER
     except kube.AccessError as exc:
-        progress.done()
         _note(f"{exc}; see deploy/audit/ for the rights the audit needs")
         return EXIT_CLUSTER
     except kube.ApiError as exc:
-        progress.done()
         what = f"writing {report_api.describe()} reports" if report_api else "reading the cluster"
         _note(f"{what}: {exc.status} {exc.reason}")
         return EXIT_CLUSTER
-    except (RuntimeError, kube_reports.ConflictError) as exc:
-        progress.done()
+    except RuntimeError as exc:  # a list that expired while read, a report that kept changing
         _note(str(exc))
         return EXIT_CLUSTER
     shown = audit.only(args.rule) if args.rule else audit
     sys.stdout.write(_render(shown, args.output))
-    if written is not None and report_api is not None:
+    if report_api is not None and written is not None:
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(written.items()))
         _note(f"{report_api.describe()} reports: {counts or 'none to write'}")
     if args.fail_on and any(f.worst() in FAIL_ON[args.fail_on] for f in shown.findings):

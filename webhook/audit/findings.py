@@ -117,7 +117,7 @@ def _verdict(decisions: Iterable[engine.Decision]) -> Verdict:
     return min((_VERDICT_OF_OUTCOME[d.outcome] for d in decisions), key=VERDICTS.index, default="pass")
 
 
-def _result(rule: RuleId, mode: Mode, decisions: list[engine.Decision]) -> RuleResult:
+def _result(rule: RuleId, mode: Mode, decisions: Iterable[engine.Decision]) -> RuleResult:
     mine = [d for d in decisions if d.rule == rule]
     return RuleResult(rule, _verdict(mine), mode, tuple(d.message for d in mine))
 
@@ -146,14 +146,16 @@ def evaluate(obj: JSON, policy: Policy, facts: ClusterFacts) -> Finding | None:
         elif rule == "podFailurePolicy" and workload.job_spec is None:
             results.append(RuleResult(rule, "skip", mode, ("Jobs and CronJobs only",)))
         else:
-            results.append(_result(rule, mode, list(mutated.decisions)))
+            results.append(_result(rule, mode, mutated.decisions))
     mode = policy.mode_for(GUARD, namespace, labels)
-    if validated.skipped is not None:
+    if mode == "off":
+        results.append(RuleResult(GUARD, "skip", mode, (f"off in namespace {namespace}",)))
+    elif validated.skipped is not None:
         results.append(RuleResult(GUARD, "skip", mode, (validated.skipped,)))
     elif not guarded:
         results.append(RuleResult(GUARD, "skip", mode, ("not bound for accelerator nodes",)))
     else:
-        results.append(_result(GUARD, mode, list(validated.decisions)))
+        results.append(_result(GUARD, mode, validated.decisions))
     return Finding(subject_of(obj), tuple(results))
 
 
