@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import re
-import secrets
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 from controlplane import ControlPlane, log_tail
-from session import BUILD_SCRIPT, announce, build_control_plane
+from session import (
+    BUILD_SCRIPT,
+    announce,
+    build_control_plane,
+    namespace_name,
+    summary_fixture,
+    summary_lines,
+)
 from webhook_harness import (
     WebhookProcess,
     default_priority_classes,
@@ -22,7 +28,6 @@ from webhook_harness import (
 HERE = Path(__file__).resolve().parent
 CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()
 WEBHOOK_KEY = pytest.StashKey[WebhookProcess]()
-SUMMARY_KEY = pytest.StashKey[list[str]]()
 
 
 def _pinned_version() -> str:
@@ -51,7 +56,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             f"e2e: ran against Kubernetes {plane.version} (etcd {plane.etcd_version}), "
             f"control plane started in {plane.startup_seconds:.1f} s"
         )
-    for line in config.stash.get(SUMMARY_KEY, []):
+    for line in summary_lines(config, "e2e"):
         terminalreporter.write_line(f"e2e: {line}")
 
 
@@ -120,22 +125,10 @@ def gpuguard(
 def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test. Deletion is fire-and-forget: without kube-controller-manager a
     namespace stays Terminating forever."""
-    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
-    name = f"{stem or 'e2e'}-{secrets.token_hex(3)}"
+    name = namespace_name(request, "e2e")
     control_plane.kubectl("create", "namespace", name)
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-@pytest.fixture
-def summary(
-    pytestconfig: pytest.Config, record_property: Callable[[str, object], None]
-) -> Callable[[str, str], None]:
-    """`summary(key, text)`: a measurement worth reading without -s. It is printed in the terminal summary
-    (also under -q) and recorded as a property of the test (JUnit XML)."""
-
-    def add(key: str, text: str) -> None:
-        record_property(key, text)
-        pytestconfig.stash.setdefault(SUMMARY_KEY, []).append(text)
-
-    return add
+summary = summary_fixture("e2e")

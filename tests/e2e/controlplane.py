@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import base64
 import collections
-import ctypes
 import http.client
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,13 +66,12 @@ def without_proxies(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in (os.environ if env is None else env).items() if k not in PROXY_VARS}
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if pytest itself is killed (SIGKILL, OOM), the kernel kills the
-    # child too, so nothing outlives the session even without teardown. SIGKILL, not SIGTERM: an
-    # apiserver whose etcd dies at the same moment hangs in its graceful shutdown.
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Prefixed to every command: if pytest itself is killed (SIGKILL, OOM), the kernel kills the child
+# too, so nothing outlives the session even without teardown. SIGKILL, not SIGTERM: an apiserver
+# whose etcd dies at the same moment hangs in its graceful shutdown. setpriv sets the parent-death
+# signal and execs, so no Python code runs between fork and exec (a preexec_fn would), which a
+# process with gRPC threads running (the node tier's device plugins) does not survive.
+DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--")
 
 
 def spawn(
@@ -84,7 +80,7 @@ def spawn(
     log = log_path.open("ab")
     try:
         popen = subprocess.Popen(
-            [str(a) for a in argv],
+            [*DIE_WITH_PARENT, *(str(a) for a in argv)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -93,7 +89,6 @@ def spawn(
             # Own session: a Ctrl-C in the terminal reaches only pytest, whose teardown then stops the
             # processes in order (the webhook configurations are deleted while the apiserver still runs).
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
     except BaseException:
         log.close()
@@ -491,6 +486,11 @@ class ControlPlane:
     @property
     def running(self) -> bool:
         return bool(self._processes) and all(p.running() for p in self._processes)
+
+    @property
+    def pids(self) -> list[int]:
+        """etcd's and kube-apiserver's process ids: what a bench counts as the control plane's CPU."""
+        return [p.popen.pid for p in self._processes]
 
     def stop(self) -> None:
         # Last started first: the controllers before the apiserver, the apiserver before etcd (so it

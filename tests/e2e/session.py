@@ -1,16 +1,22 @@
 """Session plumbing shared by the end-to-end tiers (tests/e2e, tests/node): building the Go binaries
-with their progress visible, and lines written to the terminal past pytest's output capture."""
+with their progress visible, lines written to the terminal past pytest's output capture, and each
+tier's measurements gathered for the terminal summary."""
 
 from __future__ import annotations
 
+import re
+import secrets
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from webhook_harness import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "build.sh"
+SUMMARY_KEY = pytest.StashKey[dict[str, list[str]]]()
 
 
 def announce(config: pytest.Config, message: str) -> None:
@@ -40,3 +46,37 @@ def build_control_plane(config: pytest.Config) -> Path:
     """The folder of kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl and
     etcd; built on first use (about 10 minutes on 2 cores), a no-op once cached."""
     return run_build_script(config, BUILD_SCRIPT)
+
+
+def add_summary(config: pytest.Config, tier: str, line: str) -> None:
+    config.stash.setdefault(SUMMARY_KEY, {}).setdefault(tier, []).append(line)
+
+
+def summary_lines(config: pytest.Config, tier: str) -> list[str]:
+    """What the tier's tests and fixtures asked to print in the terminal summary, in order."""
+    return config.stash.get(SUMMARY_KEY, {}).get(tier, [])
+
+
+def summary_fixture(tier: str) -> Any:
+    """A `summary` fixture for a tier's conftest (`summary = summary_fixture("e2e")`)."""
+
+    @pytest.fixture
+    def summary(
+        pytestconfig: pytest.Config, record_property: Callable[[str, object], None]
+    ) -> Callable[[str, str], None]:
+        """`summary(key, text)`: a measurement worth reading without -s. It is printed in the terminal
+        summary (also under -q) and recorded as a property of the test (JUnit XML)."""
+
+        def add(key: str, text: str) -> None:
+            record_property(key, text)
+            add_summary(pytestconfig, tier, text)
+
+        return add
+
+    return summary
+
+
+def namespace_name(request: pytest.FixtureRequest, fallback: str) -> str:
+    """A fresh namespace name for a test: its name made DNS-safe, and a random suffix."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    return f"{stem or fallback}-{secrets.token_hex(3)}"

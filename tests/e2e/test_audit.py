@@ -42,7 +42,7 @@ from webhook_harness import (
 from webhook import cli, cli_audit
 from webhook.audit import background
 from webhook.kube.client import api_client
-from webhook.policy.model import parse_policy
+from webhook.policy.model import RULE_IDS, parse_policy
 
 HERE = Path(__file__).resolve().parent
 CRD_FILE = HERE / "crds" / "wgpolicyk8s.io-v1alpha2.yaml"
@@ -54,22 +54,20 @@ UNGUARDED = "none"
 # `gpuguard audit` with the arguments given: exit code, stdout, stderr.
 Audit = Callable[..., tuple[int, str, str]]
 GPU_NODE_LABEL = "nvidia.com/gpu.present"
-ALL_RULES = (
-    "readinessTolerations",
-    "podFailurePolicy",
-    "gracefulTermination",
-    "priority",
-    "acceleratorNodeGuard",
-)
-CHANGED_JOB = {
+CHANGED_JOB: dict[str, str] = {
     "readinessTolerations": "change",
     "podFailurePolicy": "change",
     "gracefulTermination": "change",
     "priority": "change",
+    "driverCompatibility": "pass",
     "acceleratorNodeGuard": "pass",
+    "trustedDeviceSoftware": "pass",
 }
 CHANGED_SERVING = CHANGED_JOB | {"podFailurePolicy": "skip"}
-DENIED_CPU_POD = dict.fromkeys(ALL_RULES, "skip") | {"acceleratorNodeGuard": "deny"}
+DENIED_CPU_POD = dict.fromkeys(RULE_IDS, "skip") | {
+    "acceleratorNodeGuard": "deny",
+    "trustedDeviceSoftware": "pass",
+}
 
 
 def as_list(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -416,9 +414,9 @@ def test_report_creates_then_updates_policy_reports(
     report = policy_report(control_plane, unguarded)
     assert report is not None
     assert report["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpuguard"
-    assert report["summary"] == {"pass": 1, "fail": 5, "warn": 0, "error": 0, "skip": 4}
+    assert report["summary"] == {"pass": 4, "fail": 5, "warn": 0, "error": 0, "skip": 5}
     results = report["results"]
-    assert [r["result"] for r in results] == ["fail"] * 5 + ["pass"] + ["skip"] * 4
+    assert [r["result"] for r in results] == ["fail"] * 5 + ["pass"] * 4 + ["skip"] * 5
     crowd_result = next(r for r in results if r["resources"][0]["name"] == "crowd" and r["result"] == "fail")
     assert crowd_result["rule"] == "acceleratorNodeGuard" and crowd_result["severity"] == "high"
     assert crowd_result["resources"][0] == {
@@ -446,7 +444,7 @@ def test_report_creates_then_updates_policy_reports(
         updated is not None
         and updated["metadata"]["resourceVersion"] != report["metadata"]["resourceVersion"]
     )
-    assert updated["summary"] == {"pass": 5, "fail": 1, "warn": 0, "error": 0, "skip": 4}
+    assert updated["summary"] == {"pass": 8, "fail": 1, "warn": 0, "error": 0, "skip": 5}
     assert crowd_result in updated["results"]
 
     # Nothing left to report: gpuguard's report goes.
@@ -489,7 +487,7 @@ def test_report_prefers_openreports_when_it_is_installed(
         assert code == 0 and "openreports.io/v1alpha1 (Report, ClusterReport) reports: 1 created" in err
         report = control_plane.kubectl_json("get", "reports.openreports.io", "gpuguard", "-n", unguarded)
         assert report["source"] == "gpuguard"
-        assert report["summary"] == {"pass": 1, "fail": 4, "warn": 0, "error": 0, "skip": 0}
+        assert report["summary"] == {"pass": 3, "fail": 4, "warn": 0, "error": 0, "skip": 0}
         code, _, err = run("-n", unguarded, "--report")
         assert code == 0 and "reports: 1 unchanged" in err  # its schema keeps every field written
         assert policy_report(control_plane, unguarded) is None  # nothing went to the older API

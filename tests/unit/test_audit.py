@@ -16,7 +16,7 @@ from webhook.admission import review
 from webhook.audit import background, findings, output, reports
 from webhook.policy import engine
 from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo, Taint
-from webhook.policy.model import MUTATING_RULES, Policy
+from webhook.policy.model import MUTATING_RULES, RULE_IDS, Policy
 
 from .builders import (
     CORPUS,
@@ -34,6 +34,8 @@ from .builders import (
 )
 
 JSON = dict[str, Any]
+# What the default policy changes on a class-less GPU Job.
+CHANGED_BY_DEFAULT = ("readinessTolerations", "podFailurePolicy", "gracefulTermination", "priority")
 GPU_LABEL = "nvidia.com/gpu.present"
 FACTS = ClusterFacts(
     priority_classes={"gpu-workload": PriorityClassInfo(10000), "low": PriorityClassInfo(10)},
@@ -79,7 +81,9 @@ def test_an_unprotected_gpu_job_lacks_every_protection(policy: Policy) -> None:
         "podFailurePolicy": "change",
         "gracefulTermination": "change",
         "priority": "change",
+        "driverCompatibility": "pass",  # states no driver it needs
         "acceleratorNodeGuard": "pass",  # asks for a GPU, and gets a class that clears the guard
+        "trustedDeviceSoftware": "pass",  # mounts no device software's paths
     }
     assert finding is not None and finding.worst() == "change"
     priority = finding.result("priority")
@@ -136,7 +140,7 @@ def test_warn_and_audit_modes_report_what_the_rule_finds(policy: Policy) -> None
     for mode in ("warn", "audit"):
         finding = findings.evaluate(placed(job()), make_policy({"mode": mode}), FACTS)
         assert finding is not None
-        assert {r.verdict for r in finding.results if r.rule != "acceleratorNodeGuard"} == {"change"}
+        assert {r.verdict for r in finding.results if r.rule in CHANGED_BY_DEFAULT} == {"change"}
         assert {r.mode for r in finding.results} == {mode}
 
 
@@ -235,7 +239,25 @@ def test_exempt_pods_on_gpu_nodes_are_not_findings(policy: Policy) -> None:
         pod(container(requests={"cpu": "1"}), name="dcgm-x", nodeName="gpu-bare", priority=0), owner=exporter
     )
     audit = findings.audit([exporter, system, daemon_pod], policy, FACTS, check_nodes=False)
-    assert [(f.subject.name, f.worst()) for f in audit.findings] == [("agent", "skip")]
+    # kube-system: every rule off but trustedDeviceSoftware (device software lives there), and the
+    # DaemonSet's pod is its DaemonSet's, which runs no device software.
+    (finding,) = audit.findings
+    assert finding.subject.name == "agent"
+    assert {r.rule for r in finding.results if r.verdict != "skip"} == {"trustedDeviceSoftware"}
+
+
+def test_a_daemonset_running_untrusted_device_software_is_reported_once(policy: Policy) -> None:
+    plugin = container(requests={"cpu": "10m"})
+    plugin["image"] = "docker.io/someone/gpu-plugin:1"
+    plugin["volumeMounts"] = [{"name": "sockets", "mountPath": "/var/lib/kubelet/device-plugins"}]
+    volumes = [{"name": "sockets", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}]
+    daemon_set = placed(templated("DaemonSet", plugin, name="plugin", volumes=volumes))
+    daemon_pod = placed(pod(plugin, name="plugin-x", volumes=volumes, nodeName="gpu-bare"), owner=daemon_set)
+    (finding,) = findings.audit([daemon_set, daemon_pod], policy, FACTS, check_nodes=False).findings
+    assert (finding.subject.kind, finding.pods) == ("DaemonSet", 1)
+    assert {r.rule: r.verdict for r in finding.results if r.verdict != "skip"} == {
+        "trustedDeviceSoftware": "deny"
+    }
 
 
 def test_accelerator_nodes_need_a_taint_that_keeps_other_pods_off(policy: Policy) -> None:
@@ -259,7 +281,7 @@ def test_report_results_are_sorted_failures_first_and_summarised(policy: Policy)
     assert [r["result"] for r in results] == sorted(
         (r["result"] for r in results), key=reports._RANK.__getitem__
     )
-    assert content["summary"] == {"pass": 3, "fail": 10, "warn": 0, "error": 0, "skip": 2}
+    assert content["summary"] == {"pass": 9, "fail": 10, "warn": 0, "error": 0, "skip": 2}
     first = results[0]
     assert first["resources"] == [
         {
@@ -282,7 +304,7 @@ def test_report_results_are_capped_and_say_how_many_were_left_out(policy: Policy
     audit = findings.audit(chain(), policy, FACTS, check_nodes=False)
     content = reports.body(audit.findings, None, now=100, policy_hash=policy.hash, limit=3)
     assert len(content["results"]) == 3 and {r["result"] for r in content["results"]} == {"fail"}
-    assert content["metadata"]["annotations"][reports.OMITTED_ANNOTATION] == "12"
+    assert content["metadata"]["annotations"][reports.OMITTED_ANNOTATION] == "18"
     assert sum(content["summary"].values()) == 3
 
 
@@ -334,7 +356,7 @@ def test_the_document_names_every_rule_of_every_finding(policy: Policy) -> None:
     document = output.document(findings.audit(chain(), policy, FACTS, check_nodes=False))
     assert document["summary"] == {"deny": 0, "change": 3, "warn": 0, "pass": 0, "skip": 0}
     deployment = next(f for f in document["findings"] if f["kind"] == "Deployment")
-    assert deployment["pods"] == 2 and len(deployment["rules"]) == 5
+    assert deployment["pods"] == 2 and [r["rule"] for r in deployment["rules"]] == list(RULE_IDS)
 
 
 def test_rule_selection_keeps_only_those_results(policy: Policy) -> None:

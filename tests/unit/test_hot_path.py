@@ -34,10 +34,11 @@ from webhook.policy.facts import NO_FACTS, ClusterFacts, NodeInfo, PriorityClass
 from webhook.policy.model import Policy, default_policy, parse_policy
 from webhook.policy.workload import split_api_version
 
+from .builders import CORPUS
+
 JSON = dict[str, Any]
 NAMESPACE = "ml-team"
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "corpus"
 PADDING_FIELDS = 10_000
 
 

@@ -20,8 +20,8 @@ from typing import Literal
 
 from webhook.policy import engine, rules
 from webhook.policy.facts import ClusterFacts
-from webhook.policy.model import MUTATING_RULES, Mode, Policy, RuleId
-from webhook.policy.workload import JSON, as_dict, dicts, locate, text
+from webhook.policy.model import MUTATING_RULES, RULE_IDS, Mode, Policy, RuleId
+from webhook.policy.workload import JSON, Workload, as_dict, dicts, locate, text
 
 # change: a rule would edit the object; deny: the guard would refuse it; warn: a notice only.
 Verdict = Literal["change", "deny", "warn", "pass", "skip"]
@@ -117,45 +117,43 @@ def _verdict(decisions: Iterable[engine.Decision]) -> Verdict:
     return min((_VERDICT_OF_OUTCOME[d.outcome] for d in decisions), key=VERDICTS.index, default="pass")
 
 
-def _result(rule: RuleId, mode: Mode, decisions: Iterable[engine.Decision]) -> RuleResult:
-    mine = [d for d in decisions if d.rule == rule]
-    return RuleResult(rule, _verdict(mine), mode, tuple(d.message for d in mine))
+def _skip_reason(rule: RuleId, workload: Workload, mutated: engine.Result, guarded: bool) -> str | None:
+    """Why a rule that decided nothing does not apply to the workload; None when it simply passed."""
+    if rule in MUTATING_RULES and mutated.skipped is not None:
+        return mutated.skipped
+    if rule == "podFailurePolicy" and workload.job_spec is None:
+        return "Jobs and CronJobs only"
+    if rule == GUARD and not guarded:
+        return "not bound for accelerator nodes"
+    return None
 
 
 def evaluate(obj: JSON, policy: Policy, facts: ClusterFacts) -> Finding | None:
     """One object's finding, or None when no rule has anything to say about it (a CPU workload bound
-    for no accelerator node, a kind gpuguard does not handle, an exempt pod)."""
-    workload = locate(obj)
+    for no accelerator node, a DaemonSet running no untrusted device software, an exempt pod)."""
+    workload = locate(obj, daemonsets=True)
     if workload is None:
         return None
     namespace = workload.namespace
     mutated = engine.mutate(obj, policy, namespace=namespace, facts=facts)
     # The validating webhook sees the object after every mutating webhook: validate the mutated copy.
     validated = engine.validate(mutated.obj, policy, namespace=namespace, facts=facts)
-    guarded = bool(rules.accelerator_node_reasons(workload, policy, facts))
-    if mutated.skipped is not None and not guarded:
+    guarded = not workload.is_daemonset and bool(rules.accelerator_node_reasons(workload, policy, facts))
+    if mutated.skipped is not None and not guarded and not validated.decisions:
         return None
     labels = facts.labels_of(namespace)
+    decisions = (*mutated.decisions, *validated.decisions)
     results: list[RuleResult] = []
-    for rule in MUTATING_RULES:
+    for rule in RULE_IDS:
         mode = policy.mode_for(rule, namespace, labels)
+        mine = [d for d in decisions if d.rule == rule]
+        reason = _skip_reason(rule, workload, mutated, guarded)
         if mode == "off":
             results.append(RuleResult(rule, "skip", mode, (f"off in namespace {namespace}",)))
-        elif mutated.skipped is not None:
-            results.append(RuleResult(rule, "skip", mode, (mutated.skipped,)))
-        elif rule == "podFailurePolicy" and workload.job_spec is None:
-            results.append(RuleResult(rule, "skip", mode, ("Jobs and CronJobs only",)))
+        elif not mine and reason is not None:
+            results.append(RuleResult(rule, "skip", mode, (reason,)))
         else:
-            results.append(_result(rule, mode, mutated.decisions))
-    mode = policy.mode_for(GUARD, namespace, labels)
-    if mode == "off":
-        results.append(RuleResult(GUARD, "skip", mode, (f"off in namespace {namespace}",)))
-    elif validated.skipped is not None:
-        results.append(RuleResult(GUARD, "skip", mode, (validated.skipped,)))
-    elif not guarded:
-        results.append(RuleResult(GUARD, "skip", mode, ("not bound for accelerator nodes",)))
-    else:
-        results.append(_result(GUARD, mode, validated.decisions))
+            results.append(RuleResult(rule, _verdict(mine), mode, tuple(d.message for d in mine)))
     return Finding(subject_of(obj), tuple(results))
 
 
@@ -170,7 +168,7 @@ def running_on_accelerator_node(pod: JSON, policy: Policy, facts: ClusterFacts) 
     if node is None or not rules.is_accelerator_node(node, policy):
         return None
     validated = engine.validate(pod, policy, namespace=workload.namespace, facts=facts)
-    denials = [d for d in validated.decisions if _VERDICT_OF_OUTCOME[d.outcome] == "deny"]
+    denials = [d for d in validated.decisions if d.rule == GUARD and _VERDICT_OF_OUTCOME[d.outcome] == "deny"]
     if not denials:
         return None
     messages = tuple(f"running on accelerator node {node_name}: {d.message}" for d in denials)
