@@ -1,4 +1,4 @@
-"""A real kube-scheduler next to a ControlPlane, and nodes that are API objects only (no kubelet).
+"""A kube-scheduler of the tests' own, and nodes that are API objects only (no kubelet).
 
 The scheduler answers only pods naming its own scheduler name, so nothing else in the suite is ever
 bound; the nodes carry a label of their own that the tests' pods select, so no other pod could fit
@@ -9,72 +9,35 @@ reads: binding a pod to it is the proof of where it may land.
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from controlplane import (
-    LOOPBACK,
     ControlPlane,
     Process,
-    free_ports,
-    http_get,
-    spawn,
     wait_until,
-    without_proxies,
 )
 
 SCHEDULER_NAME = "gpuguard-e2e-scheduler"
 
 
-class Scheduler:
-    """kube-scheduler with one profile, `SCHEDULER_NAME`, authenticated with the admin kubeconfig."""
-
-    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
-        self.plane = plane
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.config = workdir / "scheduler.yaml"
-        self.log_path = workdir / "scheduler.log"
-        (self.port,) = free_ports(1)
-        self._process: Process | None = None
-
-    def start(self, timeout: float = 60.0) -> None:
-        kubeconfig = str(self.plane.kubeconfig)
-        self.config.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "kubescheduler.config.k8s.io/v1",
-                    "kind": "KubeSchedulerConfiguration",
-                    "clientConnection": {"kubeconfig": kubeconfig},
-                    "leaderElection": {"leaderElect": False},
-                    "profiles": [{"schedulerName": SCHEDULER_NAME}],
-                }
-            )
+def start_scheduler(plane: ControlPlane, workdir: Path) -> Process:
+    """The control plane's kube-scheduler with one profile, `SCHEDULER_NAME` (its default profile would
+    bind every other test's pods as soon as a node exists). Stop it with the returned Process."""
+    config = workdir / "scheduler.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {"kubeconfig": str(plane.kubeconfig)},
+                "leaderElection": {"leaderElect": False},
+                "profiles": [{"schedulerName": SCHEDULER_NAME}],
+            }
         )
-        argv = [
-            str(self.plane.bin_dir / "kube-scheduler"),
-            f"--config={self.config}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={self.port}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-        ]
-        self._process = spawn(argv, self.log_path, without_proxies(), cwd=self.config.parent)
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
-        wait_until(
-            lambda: http_get(self.port, "/readyz", context)[0] == 200,
-            timeout=timeout,
-            what="kube-scheduler /readyz",
-            process=self._process,
-        )
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.stop()
-            self._process = None
+    )
+    return plane.start_scheduler(flags={"config": str(config)})
 
 
 def node(name: str, labels: Mapping[str, str], *, gpus: int = 8) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from webhook_harness import (
 )
 
 from webhook.policy.model import default_policy
-from webhook.policy.rules import device_mount
+from webhook.policy.rules import device_software
 from webhook.policy.workload import locate
 
 pytestmark = pytest.mark.usefixtures("gpuguard")
@@ -76,10 +76,7 @@ def device_software_containers(daemonset: dict[str, Any]) -> list[str]:
     """The containers the default policy calls device software (by its hostPath patterns)."""
     workload = locate(daemonset, daemonsets=True)
     assert workload is not None
-    volumes = {
-        v["name"]: v["hostPath"]["path"] for v in workload.pod_spec.get("volumes", []) if "hostPath" in v
-    }
-    return [c["name"] for c in workload.containers() if device_mount(c, volumes, TRUSTED) is not None]
+    return [container["name"] for _, container, _ in device_software(workload, TRUSTED)]
 
 
 def images_of(daemonset: dict[str, Any]) -> list[str]:

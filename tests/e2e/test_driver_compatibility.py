@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane
+from controlplane import ControlPlane, Process
 from install_harness import run_gpuguard
-from scheduling import SCHEDULER_NAME, Scheduler, bound_node, create_nodes, node
+from scheduling import SCHEDULER_NAME, bound_node, create_nodes, node, start_scheduler
 from webhook_harness import (
     IMAGE,
     VALIDATING_WEBHOOK,
@@ -91,9 +91,8 @@ def fleet(control_plane: ControlPlane) -> Iterator[Fleet]:
 @pytest.fixture(scope="module")
 def scheduler(
     control_plane: ControlPlane, fleet: Fleet, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Scheduler]:
-    running = Scheduler(control_plane, tmp_path_factory.mktemp("scheduler"))
-    running.start()
+) -> Iterator[Process]:
+    running = start_scheduler(control_plane, tmp_path_factory.mktemp("scheduler"))
     try:
         yield running
     finally:
@@ -135,7 +134,7 @@ AT_LEAST_550 = {"key": MAJOR, "operator": "Gt", "values": ["549"]}
 
 @pytest.mark.usefixtures("gpuguard")
 def test_pods_needing_a_newer_driver_land_only_on_nodes_that_have_it(
-    control_plane: ControlPlane, namespace: str, fleet: Fleet, scheduler: Scheduler
+    control_plane: ControlPlane, namespace: str, fleet: Fleet, scheduler: Process
 ) -> None:
     pods = [gpu_pod_needing(f"train-{i}", namespace, fleet, 550) for i in range(4)]
     submit(control_plane, "create", {"apiVersion": "v1", "kind": "List", "items": pods})
@@ -150,7 +149,7 @@ def test_pods_needing_a_newer_driver_land_only_on_nodes_that_have_it(
 
 @pytest.mark.usefixtures("gpuguard")
 def test_pods_stating_nothing_are_left_alone(
-    control_plane: ControlPlane, namespace: str, fleet: Fleet, scheduler: Scheduler
+    control_plane: ControlPlane, namespace: str, fleet: Fleet, scheduler: Process
 ) -> None:
     pod = gpu_pod_needing("anywhere", namespace, fleet, None)
     submit(control_plane, "create", pod)
@@ -161,7 +160,7 @@ def test_pods_stating_nothing_are_left_alone(
 
 @pytest.mark.usefixtures("gpuguard")
 def test_existing_terms_each_get_the_requirement_and_the_api_server_accepts_them(
-    control_plane: ControlPlane, namespace: str, fleet: Fleet, scheduler: Scheduler
+    control_plane: ControlPlane, namespace: str, fleet: Fleet, scheduler: Process
 ) -> None:
     by_product = {"key": PRODUCT, "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
     by_pool = {"key": POOL, "operator": "In", "values": ["a100", "h100"]}
@@ -269,7 +268,7 @@ def test_no_node_new_enough_is_a_warning_at_apply_time(
 
 
 def test_an_indexed_jobs_pods_all_land_on_one_driver_version(
-    control_plane: ControlPlane, live: LiveWebhook, fleet: Fleet, scheduler: Scheduler
+    control_plane: ControlPlane, live: LiveWebhook, fleet: Fleet, scheduler: Process
 ) -> None:
     namespace = live.namespace("drivers-multinode")
     job = gpu_job("allreduce", namespace)

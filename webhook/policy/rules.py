@@ -525,17 +525,24 @@ def _checked_containers(workload: Workload, previous: Workload | None) -> Iterat
     yield from (("ephemeral container", c) for c in workload.ephemeral_containers())
 
 
+def device_software(
+    workload: Workload, rule: TrustedDeviceSoftware, *, previous: Workload | None = None
+) -> Iterator[tuple[str, JSON, DeviceMount]]:
+    """(role, container, the mount that makes it device software) for each checked container."""
+    volumes = _host_path_volumes(workload)
+    if not volumes or workload.is_mirror_pod():
+        return  # no hostPath, no device software; a mirror pod runs whatever the API server says
+    for role, container in _checked_containers(workload, previous):
+        mount = device_mount(container, volumes, rule)
+        if mount is not None:
+            yield role, container, mount
+
+
 def untrusted_device_software(
     workload: Workload, previous: Workload | None, rule: TrustedDeviceSoftware
 ) -> list[str]:
-    volumes = _host_path_volumes(workload)
-    if not volumes or workload.is_mirror_pod():
-        return []  # no hostPath, no device software; a mirror pod runs whatever the API server says
     found = []
-    for role, container in _checked_containers(workload, previous):
-        mount = device_mount(container, volumes, rule)
-        if mount is None:
-            continue
+    for role, container, mount in device_software(workload, rule, previous=previous):
         image = container.get("image")
         ref = images.parse(image)
         if ref is None:
