@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 from controlplane import ControlPlane, log_tail
 from session import (
-    BUILD_SCRIPT,
     announce,
     build_control_plane,
     namespace_name,
@@ -30,23 +28,10 @@ CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()
 WEBHOOK_KEY = pytest.StashKey[WebhookProcess]()
 
 
-def _pinned_version() -> str:
-    """The Kubernetes version tests/controlplane/go.mod pins (what build.sh builds)."""
-    go_mod = (BUILD_SCRIPT.parent / "go.mod").read_text()
-    match = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", go_mod, re.MULTILINE)
-    return match.group(1) if match else "unknown"
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.e2e)
-
-
-def pytest_report_header(config: pytest.Config) -> str:
-    return (
-        f"e2e: Kubernetes {_pinned_version()} (tests/controlplane/go.mod), etcd + kube-apiserver on loopback"
-    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

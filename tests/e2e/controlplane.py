@@ -228,6 +228,27 @@ class Pki:
         return context
 
 
+# A failing test prints the last kubectl calls: their output is cut to what can be read.
+SHOWN_LINES = 40
+
+
+def shown(text: str, *, keep: Callable[[str], bool] | None = None) -> str:
+    """`text` cut to SHOWN_LINES lines (the first and the last ones), after `keep` picked the lines."""
+    lines = text.splitlines()
+    if keep is not None:
+        picked = [line for line in lines if keep(line)]
+        note = [f"[{len(picked)} of {len(lines)} lines shown: the ones about admission webhooks]"]
+        lines = note + picked
+    if len(lines) <= SHOWN_LINES:
+        return "\n".join(lines) + ("\n" if lines else "")
+    head, tail = lines[: SHOWN_LINES // 4], lines[-(SHOWN_LINES - SHOWN_LINES // 4) :]
+    return "\n".join([*head, f"[... {len(lines) - len(head) - len(tail)} lines left out ...]", *tail]) + "\n"
+
+
+def _about_webhooks(line: str) -> bool:
+    return "admission_webhook" in line and not line.startswith("#")
+
+
 @dataclass(frozen=True)
 class KubectlCall:
     args: tuple[str, ...]
@@ -236,12 +257,15 @@ class KubectlCall:
     stderr: str
 
     def __str__(self) -> str:
-        return f"$ kubectl {' '.join(self.args)}  -> exit {self.returncode}\n{self.stdout}{self.stderr}"
+        # The API server's /metrics is some 20,000 lines: only its admission-webhook series help.
+        metrics = self.args[:3] == ("get", "--raw", "/metrics")
+        stdout = shown(self.stdout, keep=_about_webhooks if metrics else None)
+        return f"$ kubectl {' '.join(self.args)}  -> exit {self.returncode}\n{stdout}{shown(self.stderr)}"
 
 
 class KubectlError(subprocess.CalledProcessError):
     def __str__(self) -> str:
-        return f"{super().__str__()}\nstdout: {self.stdout}\nstderr: {self.stderr}"
+        return f"{super().__str__()}\nstdout: {shown(self.stdout)}\nstderr: {shown(self.stderr)}"
 
 
 def _as_args(flags: Mapping[str, str]) -> list[str]:
@@ -267,6 +291,7 @@ class ControlPlane:
         self.workdir = workdir
         self.apiserver_flags = dict(apiserver_flags or {})
         self.kubeconfig = workdir / "kubeconfig"
+        self.kube_cache = workdir / "kube-cache"
         self.apiserver_log = workdir / "apiserver.log"
         self.etcd_log = workdir / "etcd.log"
         self.controller_manager_log = workdir / "kube-controller-manager.log"
@@ -473,12 +498,17 @@ class ControlPlane:
     ) -> subprocess.CompletedProcess[str]:
         argv = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
         result = subprocess.run(
-            argv, input=input, capture_output=True, text=True, timeout=timeout, env=without_proxies()
+            argv, input=input, capture_output=True, text=True, timeout=timeout, env=self.kubectl_env()
         )
         self.history.append(KubectlCall(args, result.returncode, result.stdout, result.stderr))
         if check and result.returncode != 0:
             raise KubectlError(result.returncode, argv, result.stdout, result.stderr)
         return result
+
+    def kubectl_env(self) -> dict[str, str]:
+        # kubectl caches discovery and HTTP answers in ~/.kube/cache unless told otherwise: a test writes
+        # nothing outside its own folders.
+        return without_proxies() | {"KUBECACHEDIR": str(self.kube_cache)}
 
     def kubectl_json(self, *args: str, input: str | None = None) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json", input=input).stdout)

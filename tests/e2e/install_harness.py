@@ -58,7 +58,7 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
 
 
 def service_account_kubeconfig(
-    plane: ControlPlane, path: Path, account: str = SERVICE_ACCOUNT, namespace: str = NAMESPACE
+    plane: ControlPlane, path: Path, namespace: str = NAMESPACE, *, account: str = SERVICE_ACCOUNT
 ) -> Path:
     """A kubeconfig for the API server that authenticates as a ServiceAccount (TokenRequest), by
     default gpuguard's."""
@@ -71,8 +71,8 @@ def service_account_kubeconfig(
     return path
 
 
-def read_secret(plane: ControlPlane) -> tls.Material:
-    raw = plane.kubectl_json("get", "secret", SECRET, "-n", NAMESPACE)
+def read_secret(plane: ControlPlane, namespace: str = NAMESPACE) -> tls.Material:
+    raw = plane.kubectl_json("get", "secret", SECRET, "-n", namespace)
     return tls.Material.from_secret_data({k: base64.b64decode(v) for k, v in raw["data"].items()})
 
 
@@ -133,6 +133,7 @@ class Replica:
         secret: str = SECRET,
         webhook_config: str | None = CONFIGURATION,
         rotation_delay: float = 300.0,
+        namespace: str = NAMESPACE,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         (self.port,) = free_ports(1)
@@ -146,9 +147,9 @@ class Replica:
             f"--port={self.port}",
             f"--cert-dir={workdir / 'certs'}",
             f"--kubeconfig={kubeconfig}",
-            f"--tls-secret={NAMESPACE}/{secret}",
+            f"--tls-secret={namespace}/{secret}",
             f"--service={SERVICE}",
-            f"--policy-configmap={NAMESPACE}/{POLICY_CONFIGMAP}",
+            f"--policy-configmap={namespace}/{POLICY_CONFIGMAP}",
             "--cluster-lookups=on",
             f"--rotation-delay={rotation_delay}",
         ]

@@ -1,6 +1,7 @@
 """Session plumbing shared by the end-to-end tiers (tests/e2e, tests/node): building the Go binaries
-with their progress visible, lines written to the terminal past pytest's output capture, and each
-tier's measurements gathered for the terminal summary."""
+with their progress visible, and lines written to the terminal past pytest's output capture. Each
+tier's measurements for the terminal summary are gathered by the suite's plugin (gpuguard_suite), whose
+functions for it are re-exported here for the tiers' conftests."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import re
 import secrets
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from gpuguard_suite import add_summary as add_summary
+from gpuguard_suite import summary_fixture as summary_fixture
+from gpuguard_suite import summary_lines as summary_lines
 from webhook_harness import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "build.sh"
-SUMMARY_KEY = pytest.StashKey[dict[str, list[str]]]()
 
 
 def announce(config: pytest.Config, message: str) -> None:
@@ -46,34 +47,6 @@ def build_control_plane(config: pytest.Config) -> Path:
     """The folder of kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl and
     etcd; built on first use (about 10 minutes on 2 cores), a no-op once cached."""
     return run_build_script(config, BUILD_SCRIPT)
-
-
-def add_summary(config: pytest.Config, tier: str, line: str) -> None:
-    config.stash.setdefault(SUMMARY_KEY, {}).setdefault(tier, []).append(line)
-
-
-def summary_lines(config: pytest.Config, tier: str) -> list[str]:
-    """What the tier's tests and fixtures asked to print in the terminal summary, in order."""
-    return config.stash.get(SUMMARY_KEY, {}).get(tier, [])
-
-
-def summary_fixture(tier: str) -> Any:
-    """A `summary` fixture for a tier's conftest (`summary = summary_fixture("e2e")`)."""
-
-    @pytest.fixture
-    def summary(
-        pytestconfig: pytest.Config, record_property: Callable[[str, object], None]
-    ) -> Callable[[str, str], None]:
-        """`summary(key, text)`: a measurement worth reading without -s. It is printed in the terminal
-        summary (also under -q) and recorded as a property of the test (JUnit XML)."""
-
-        def add(key: str, text: str) -> None:
-            record_property(key, text)
-            add_summary(pytestconfig, tier, text)
-
-        return add
-
-    return summary
 
 
 def namespace_name(request: pytest.FixtureRequest, fallback: str) -> str:

@@ -39,8 +39,10 @@ from webhook_harness import (
     submit,
 )
 
-from webhook import cli, cli_audit
+from webhook import cli
 from webhook.audit import background
+from webhook.cli import audit as cli_audit
+from webhook.cli import output
 from webhook.kube.client import api_client
 from webhook.policy.model import RULE_IDS, parse_policy
 
@@ -239,7 +241,7 @@ def test_applying_what_mutate_suggests_makes_them_pass(
     manifests = workloads(unguarded)[:5]
     submit(control_plane, "apply", as_list(manifests))
     code, out, _ = run("-n", unguarded, "--fail-on", "change")
-    assert code == cli_audit.EXIT_FINDINGS
+    assert code == output.EXIT_FAILED
     assert out.splitlines()[0] == f"namespace {unguarded}: 5 findings (1 deny, 4 change)"
 
     # What the audit's messages say to do: `gpuguard mutate` the manifests, and give the CPU pod that
@@ -349,8 +351,8 @@ def test_the_audit_judges_with_the_live_policy(
 
     submit(control_plane, "apply", policy_configmap(unguarded, "team-policy", "mode: sometimes\n"))
     code, out, err = run("-n", unguarded, "--policy-configmap", configmap)
-    assert (code, out) == (cli_audit.EXIT_USAGE, "")
-    assert f"ConfigMap {configmap}: invalid policy: mode" in err
+    assert (code, out) == (output.EXIT_USAGE, "")
+    assert f"ConfigMap {configmap}, key policy.yaml: invalid policy: mode" in err
 
     code, out, err = run("-n", unguarded, "--policy-configmap", f"{unguarded}/absent")
     assert code == 0 and "auditing with the embedded default policy" in err
@@ -527,7 +529,9 @@ def test_deploy_audit_rbac_is_enough_and_reads_only(
     objects = audit_rbac(control_plane, namespace)
     try:
         submit(control_plane, "apply", policy_configmap(namespace, "gpuguard-policy", "mode: enforce\n"))
-        kubeconfig = service_account_kubeconfig(control_plane, tmp_path / "sa", "gpuguard-audit", namespace)
+        kubeconfig = service_account_kubeconfig(
+            control_plane, tmp_path / "sa", namespace, account="gpuguard-audit"
+        )
         code, _, err = run(
             "-A", "--report", "--policy-configmap", f"{namespace}/gpuguard-policy", kubeconfig=kubeconfig
         )
@@ -565,7 +569,7 @@ def test_deploy_audit_rbac_is_enough_and_reads_only(
         (container,) = pod["containers"]
         assert pod["serviceAccountName"] == "gpuguard-audit"
         assert container["command"] == ["gpuguard", "audit"]
-        args = cli._parser().parse_args(
+        args = cli.parser().parse_args(
             ["audit", *(a.replace("$(POD_NAMESPACE)", "gpuguard") for a in container["args"])]
         )
         assert args.report and args.policy_configmap == "gpuguard/gpuguard-policy"
@@ -580,9 +584,11 @@ def test_a_kind_it_may_not_list_is_named_with_its_exit_code(
     objects = audit_rbac(control_plane, namespace, without="cronjobs")
     try:
         submit(control_plane, "apply", policy_configmap(namespace, "gpuguard-policy", "mode: enforce\n"))
-        kubeconfig = service_account_kubeconfig(control_plane, tmp_path / "sa", "gpuguard-audit", namespace)
+        kubeconfig = service_account_kubeconfig(
+            control_plane, tmp_path / "sa", namespace, account="gpuguard-audit"
+        )
         code, out, err = run("--policy-configmap", f"{namespace}/gpuguard-policy", kubeconfig=kubeconfig)
-        assert (code, out) == (cli_audit.EXIT_CLUSTER, "")
+        assert (code, out) == (output.EXIT_USAGE, "")
         assert "cannot list cronjobs.batch in all namespaces: 403 Forbidden" in err
     finally:
         submit(control_plane, "delete", as_list(objects), "--ignore-not-found", "--wait=false")
@@ -603,13 +609,13 @@ def test_an_unreachable_api_server_and_a_bad_kubeconfig_have_their_exit_codes(
         str(HERE.parents[1] / "webhook" / "default-policy.yaml"),
         kubeconfig=closed,
     )
-    assert (code, out) == (cli_audit.EXIT_CLUSTER, "")
+    assert (code, out) == (output.EXIT_USAGE, "")
     assert f"the API server at https://127.0.0.1:{port} did not answer" in err
 
     garbage = tmp_path / "garbage"
     garbage.write_text("not a kubeconfig\n")
     code, out, err = run("-n", "default", kubeconfig=garbage)
-    assert (code, out) == (cli_audit.EXIT_USAGE, "")
+    assert (code, out) == (output.EXIT_USAGE, "")
     assert "no usable cluster credentials" in err
 
 

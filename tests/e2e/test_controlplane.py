@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from controlplane import ControlPlane, wait_until
+from controlplane import SHOWN_LINES, ControlPlane, wait_until
 from webhook_harness import (
     CONFIG_NAME,
     MUTATING_WEBHOOK,
@@ -54,6 +54,28 @@ def test_registered_webhook_is_called(
         "create", "--dry-run=server", "-f", "-", input=json.dumps(gpu_pod("gpu", "kube-system"))
     )
     assert not gpuguard_annotations(excluded)
+
+
+def test_kubectl_caches_inside_the_control_planes_folder(control_plane: ControlPlane) -> None:
+    # Without KUBECACHEDIR kubectl writes discovery answers to ~/.kube/cache, outside the test's folders.
+    control_plane.kubectl("api-resources", "-o", "name")
+
+    assert control_plane.kube_cache.is_relative_to(control_plane.workdir)
+    assert control_plane.kubectl_env()["KUBECACHEDIR"] == str(control_plane.kube_cache)
+    assert any(path.is_file() for path in control_plane.kube_cache.rglob("*")), "nothing cached there"
+
+
+def test_a_failing_test_prints_the_webhook_lines_of_the_metrics_not_all_of_them(
+    control_plane: ControlPlane,
+) -> None:
+    control_plane.kubectl("get", "--raw", "/metrics")
+    call = control_plane.history[-1]
+    printed = str(call).splitlines()
+
+    assert len(call.stdout.splitlines()) > 1000  # what used to be printed, per failure
+    assert len(printed) <= SHOWN_LINES + 3
+    assert all("admission_webhook" in line for line in printed[2:] if not line.startswith("[..."))
+    assert "lines shown: the ones about admission webhooks" in printed[1]
 
 
 def test_controller_manager_and_scheduler_are_opt_in_additions(k8s_bin: Path, tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import shared_corpus
 import yaml
 from controlplane import ControlPlane, wait_until
 from webhook_harness import (
-    CORPUS,
     IMAGE,
     OWNER_LABEL,
     VALIDATING_WEBHOOK,
@@ -33,11 +33,11 @@ DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 TRUSTED = default_policy().rules.trustedDeviceSoftware
 # Every DaemonSet of the corpus: NVIDIA's device plugin, GPU feature discovery and DCGM exporter, AMD's
 # device plugin, GKE's NCCL/RDMA installer; all from their vendors' own registries.
-CORPUS_DAEMONSETS = sorted(
+CORPUS_DAEMONSETS = [
     path
-    for path in CORPUS.glob("*.yaml")
+    for path in shared_corpus.FILES
     if any(d and d["kind"] == "DaemonSet" for d in yaml.safe_load_all(path.read_text()))
-)
+]
 
 
 def device_plugin_daemonset(name: str, namespace: str, image: str) -> dict[str, Any]:
@@ -120,6 +120,7 @@ def test_vendor_device_plugin_daemonset_is_admitted_as_submitted(
     assert images_of(stored) == images_of(manifest)
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", CORPUS_DAEMONSETS, ids=[p.stem for p in CORPUS_DAEMONSETS])
 def test_corpus_daemonsets_pass_and_the_same_from_elsewhere_is_refused(
     control_plane: ControlPlane, namespace: str, path: Path

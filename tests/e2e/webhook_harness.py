@@ -33,11 +33,6 @@ from controlplane import (
 from webhook.policy.model import parse_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# The shared corpus of real-world manifests sits next to the main checkout; a worktree's is one level deeper.
-CORPUS = next(
-    (folder / "shared" / "corpus" for folder in REPO_ROOT.parents if (folder / "shared" / "corpus").is_dir()),
-    REPO_ROOT.parent / "shared" / "corpus",
-)
 CONFIG_NAME = "gpuguard-e2e"
 MUTATING_WEBHOOK = "mutate.gpuguard.io"
 VALIDATING_WEBHOOK = "validate.gpuguard.io"

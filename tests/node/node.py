@@ -265,7 +265,10 @@ class Node:
     containerd_log: Path = field(init=False)
     _containerd: Process | None = field(default=None, init=False)
     _kubelet: Process | None = field(default=None, init=False)
-    _mount_namespace: int | None = field(default=None, init=False)
+    # Held open from containerd's start to the end of teardown: while it is, the namespace's inode
+    # number is not handed to another (another session's node, say), so looking for processes by
+    # it finds this node's only.
+    _mount_namespace_fd: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.cgroup = CgroupTree(f"{session_cgroup_prefix()}{self.name}")
@@ -427,7 +430,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             what=f"{self.name}: containerd",
             process=self._containerd,
         )
-        self._mount_namespace = os.stat(f"/proc/{self._containerd.popen.pid}/ns/mnt").st_ino
+        self._mount_namespace_fd = os.open(f"/proc/{self._containerd.popen.pid}/ns/mnt", os.O_RDONLY)
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """containerd's own CLI on the node's socket, in the namespace the kubelet uses."""
@@ -513,10 +516,16 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             self.cgroup.remove()
         if self.cgroup.exists():
             problems.append(f"cgroup {self.cgroup.name} still exists")
-        if self._mount_namespace is not None and (
-            holders := processes_in_mount_namespace(self._mount_namespace)
-        ):
-            problems.append(f"processes {holders} still in the node's mount namespace")
+        if self._mount_namespace_fd is not None:
+            inode = os.fstat(self._mount_namespace_fd).st_ino
+            with contextlib.suppress(TimeoutError):  # a killed process can take a moment to be gone
+                wait_until(
+                    lambda: not processes_in_mount_namespace(inode), timeout=10, what="namespace empty"
+                )
+            if holders := processes_in_mount_namespace(inode):
+                problems.append(f"processes {holders} still in the node's mount namespace")
+            os.close(self._mount_namespace_fd)  # the namespace, and every mount in it, goes now
+            self._mount_namespace_fd = None
         for leftover in (self.workdir / "run", self.workdir / "var-lib"):
             # Sockets, image snapshots and pod volumes: nothing of it is needed once the node is gone.
             shutil.rmtree(leftover, ignore_errors=True)

@@ -9,17 +9,20 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import shared_corpus
 import yaml
 
-from webhook import cli, cli_audit
+from webhook import cli
 from webhook.admission import review
 from webhook.audit import background, findings, output, reports
+from webhook.cli import audit as cli_audit
+from webhook.cli import inputs
+from webhook.cli import output as cli_output
 from webhook.policy import engine
 from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo, Taint
 from webhook.policy.model import MUTATING_RULES, RULE_IDS, Policy
 
 from .builders import (
-    CORPUS,
     EXAMPLES,
     admission_review,
     container,
@@ -81,9 +84,9 @@ def test_an_unprotected_gpu_job_lacks_every_protection(policy: Policy) -> None:
         "podFailurePolicy": "change",
         "gracefulTermination": "change",
         "priority": "change",
-        "driverCompatibility": "pass",  # states no driver it needs
+        "driverCompatibility": "skip",  # states no driver it needs: not applicable, not a pass
         "acceleratorNodeGuard": "pass",  # asks for a GPU, and gets a class that clears the guard
-        "trustedDeviceSoftware": "pass",  # mounts no device software's paths
+        "trustedDeviceSoftware": "skip",  # mounts no device software's paths
     }
     assert finding is not None and finding.worst() == "change"
     priority = finding.result("priority")
@@ -144,27 +147,37 @@ def test_warn_and_audit_modes_report_what_the_rule_finds(policy: Policy) -> None
         assert {r.mode for r in finding.results} == {mode}
 
 
-def test_the_audit_agrees_with_admission_on_every_example_and_corpus_manifest(policy: Policy) -> None:
+@pytest.mark.parametrize("namespace", ["default", "kube-system"])
+def test_the_audit_agrees_with_admission_on_every_example_and_corpus_manifest(
+    policy: Policy, namespace: str
+) -> None:
     # The audit must never disagree with the webhook: the rules it reports as changes are the rules
-    # /mutate applies, and it reports a denial exactly when /validate refuses the mutated object.
+    # /mutate applies, and the rules it reports as denials are the ones /validate refuses the mutated
+    # object for (the device-software check on DaemonSets and the driver check included). kube-system
+    # is exempt from every rule but trustedDeviceSoftware.
     documents = [
         doc
-        for path in [*sorted(EXAMPLES.glob("*.yaml")), *sorted(CORPUS.glob("*.yaml"))]
+        for path in [*sorted(EXAMPLES.glob("*.yaml")), *shared_corpus.FILES]
         for doc in yaml.safe_load_all(path.read_text())
         if isinstance(doc, dict)
     ]
-    assert len(documents) > 50
+    assert len(documents) > (50 if shared_corpus.PRESENT else 5)
     for doc in documents:
-        obj = placed(doc, namespace="default", uid="x")
+        obj = placed(doc, namespace=namespace, uid="x")
         finding = findings.evaluate(obj, policy, ClusterFacts())
-        mutation = review.review(admission_review(obj), endpoint="mutate", policy=policy)
+        name = inputs.title(obj)
+        mutation = review.review(admission_review(obj, namespace=namespace), endpoint="mutate", policy=policy)
         applied = {d.rule for d in mutation.decisions if d.outcome == "applied"}
         changes = {r.rule for r in finding.results if r.verdict == "change"} if finding else set()
-        assert changes == applied, obj["metadata"]["name"]
-        after = engine.mutate(obj, policy, namespace="default").obj
-        validation = response_of(review.review(admission_review(after), endpoint="validate", policy=policy))
-        guard = finding.result("acceleratorNodeGuard") if finding else None
-        assert (guard is not None and guard.verdict == "deny") == (not validation["allowed"])
+        assert changes == applied, name
+        after = engine.mutate(obj, policy, namespace=namespace).obj
+        validation = review.review(
+            admission_review(after, namespace=namespace), endpoint="validate", policy=policy
+        )
+        refused = {d.rule for d in validation.decisions if d.outcome == "denied"}
+        denials = {r.rule for r in finding.results if r.verdict == "deny"} if finding else set()
+        assert denials == refused, name
+        assert bool(refused) == (not response_of(validation)["allowed"]), name
 
 
 # --- owners first: each workload reported once ----------------------------------------------------------
@@ -239,11 +252,14 @@ def test_exempt_pods_on_gpu_nodes_are_not_findings(policy: Policy) -> None:
         pod(container(requests={"cpu": "1"}), name="dcgm-x", nodeName="gpu-bare", priority=0), owner=exporter
     )
     audit = findings.audit([exporter, system, daemon_pod], policy, FACTS, check_nodes=False)
-    # kube-system: every rule off but trustedDeviceSoftware (device software lives there), and the
-    # DaemonSet's pod is its DaemonSet's, which runs no device software.
+    # kube-system: every rule off but trustedDeviceSoftware (device software lives there), which does
+    # not apply to a pod mounting no device paths; the DaemonSet's pod is its DaemonSet's, which runs
+    # no device software.
     (finding,) = audit.findings
     assert finding.subject.name == "agent"
-    assert {r.rule for r in finding.results if r.verdict != "skip"} == {"trustedDeviceSoftware"}
+    assert {r.rule: r.verdict for r in finding.results if r.mode != "off"} == {
+        "trustedDeviceSoftware": "skip"
+    }
 
 
 def test_a_daemonset_running_untrusted_device_software_is_reported_once(policy: Policy) -> None:
@@ -281,7 +297,8 @@ def test_report_results_are_sorted_failures_first_and_summarised(policy: Policy)
     assert [r["result"] for r in results] == sorted(
         (r["result"] for r in results), key=reports._RANK.__getitem__
     )
-    assert content["summary"] == {"pass": 9, "fail": 10, "warn": 0, "error": 0, "skip": 2}
+    # Per workload: the guard passes; driverCompatibility and trustedDeviceSoftware do not apply.
+    assert content["summary"] == {"pass": 3, "fail": 10, "warn": 0, "error": 0, "skip": 8}
     first = results[0]
     assert first["resources"] == [
         {
@@ -341,15 +358,23 @@ def test_the_table_groups_by_namespace_most_serious_first(policy: Policy) -> Non
         namespace="other",
     )
     fixed = placed(mutated(templated("Deployment", name="ok"), policy, facts=FACTS), namespace="other")
-    text = output.table(findings.audit([*chain(), fixed, cpu_pod], policy, FACTS))
+    text = cli_audit.render(findings.audit([*chain(), fixed, cpu_pod], policy, FACTS), "table")
     lines = text.splitlines()
-    assert lines[0] == "namespace other: 2 findings (1 deny, 1 pass)"
-    assert lines[1].split()[:3] == ["Pod/crowd", "acceleratorNodeGuard", "deny"]
-    assert lines[2].split() == ["Deployment/ok", "pass"]
-    assert "namespace team: 3 findings (3 change)" in lines
-    assert any(line.split()[:2] == ["Deployment/serve", "(2"] for line in lines)
-    assert "cluster: 3 findings (2 warn, 1 pass)" in lines
-    assert lines[-1].startswith("8 findings (1 deny, 3 change, 2 warn, 2 pass); read ")
+    assert lines[0].split() == ["NAMESPACE", "WORKLOAD", "RULE", "VERDICT", "MESSAGE"]
+    assert lines[1].split()[:4] == ["other", "Pod/crowd", "acceleratorNodeGuard", "deny"]
+    assert lines[2].split() == ["other", "Deployment/ok", "pass"]
+    namespaces = [line.split()[0] for line in lines[1:-2]]  # the rows, not the summary
+    assert namespaces == sorted(namespaces, key=lambda n: (n == output.CLUSTER, n))  # grouped, nodes last
+    assert any(line.split()[1:3] == ["Deployment/serve", "(2"] for line in lines)
+    assert sum(1 for line in lines if line.startswith(output.CLUSTER)) == 3
+    assert lines[-1].startswith("8 findings: 1 deny, 3 change, 2 warn, 2 pass, 0 skip; read ")
+
+
+def test_json_and_yaml_print_the_same_document(policy: Policy) -> None:
+    audit = findings.audit(chain(), policy, FACTS, check_nodes=False)
+    document = output.document(audit)
+    assert yaml.safe_load(cli_audit.render(audit, "json")) == document
+    assert yaml.safe_load(cli_audit.render(audit, "yaml")) == document
 
 
 def test_the_document_names_every_rule_of_every_finding(policy: Policy) -> None:
@@ -368,13 +393,13 @@ def test_rule_selection_keeps_only_those_results(policy: Policy) -> None:
 
 
 def test_the_audit_command_parses_its_options() -> None:
-    args = cli._parser().parse_args(
+    args = cli.parser().parse_args(
         ["audit", "-n", "team", "-o", "json", "--rule", "priority", "--fail-on", "deny"]
     )
     assert (args.namespace, args.output, args.rule, args.fail_on) == ("team", "json", ["priority"], "deny")
     assert args.policy_configmap == cli_audit.DEFAULT_POLICY_CONFIGMAP and not args.report
     with pytest.raises(SystemExit):
-        cli._parser().parse_args(["audit", "-n", "team", "-A"])
+        cli.parser().parse_args(["audit", "-n", "team", "-A"])
 
 
 def test_a_kubeconfig_that_is_not_one_exits_with_the_usage_code(
@@ -383,7 +408,7 @@ def test_a_kubeconfig_that_is_not_one_exits_with_the_usage_code(
     for content in ("just a string", "- a\n- list\n", "{}"):
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(content)
-        assert cli.main(["audit", "--kubeconfig", str(kubeconfig)]) == cli_audit.EXIT_USAGE
+        assert cli.main(["audit", "--kubeconfig", str(kubeconfig)]) == cli_output.EXIT_USAGE
         captured = capsys.readouterr()
         assert captured.out == "" and "no usable cluster credentials" in captured.err
 
@@ -400,10 +425,17 @@ class Terminal(io.StringIO):
 def test_progress_shows_on_a_terminal_only_and_clears_its_line() -> None:
     for tty in (True, False):
         stream = Terminal(tty)
-        progress = cli_audit.Progress(stream, after=0.0)
-        progress.update("pods", 500)
-        progress.done()
-        assert stream.getvalue() == ("\r\033[Kgpuguard audit: reading pods: 500\r\033[K" if tty else "")
+        with cli_output.Progress(0, "gpuguard audit: reading", stream) as progress:
+            progress.show("pods: 500")
+        line = "gpuguard audit: reading pods: 500"
+        assert stream.getvalue() == (f"\r{line}\r{' ' * len(line)}\r" if tty else "")
+
+
+def test_progress_keeps_quiet_while_work_is_quick() -> None:
+    stream = Terminal(True)
+    with cli_output.Progress(0, "reading", stream, after=3600.0) as progress:
+        progress.show("pods: 500")
+    assert stream.getvalue() == ""
 
 
 def test_metrics_count_results_per_rule_and_result(policy: Policy) -> None:

@@ -195,7 +195,7 @@ def test_require_digest() -> None:
 def test_bad_prefixes_are_refused_naming_the_field(prefix: str, error: str) -> None:
     with pytest.raises(PolicyError) as raised:
         make_policy({"rules": {"trustedDeviceSoftware": {"trustedImages": ["nvcr.io/nvidia/", prefix]}}})
-    assert "rules.trustedDeviceSoftware.trustedImages.1" in str(raised.value)
+    assert "rules.trustedDeviceSoftware.trustedImages[1]" in str(raised.value)
     assert error in str(raised.value)
 
 
@@ -208,7 +208,7 @@ def test_prefixes_are_normalised() -> None:
 
 @pytest.mark.parametrize("path", ["dev/nvidia*", "/var/lib/../kubelet"])
 def test_bad_host_paths_are_refused_naming_the_field(path: str) -> None:
-    with pytest.raises(PolicyError, match=r"rules\.trustedDeviceSoftware\.hostPaths\.0"):
+    with pytest.raises(PolicyError, match=r"rules\.trustedDeviceSoftware\.hostPaths\[0\]"):
         make_policy({"rules": {"trustedDeviceSoftware": {"hostPaths": [path]}}})
 
 

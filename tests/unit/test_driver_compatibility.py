@@ -196,7 +196,7 @@ def test_the_image_map_and_the_highest_requirement_win() -> None:
 
 def test_image_patterns_need_a_registry() -> None:
     with pytest.raises(
-        PolicyError, match=r"rules\.driverCompatibility\.images\.0\.image: .*docker\.io/pytorch"
+        PolicyError, match=r"rules\.driverCompatibility\.images\[0\]\.image: .*docker\.io/pytorch"
     ):
         make_policy(
             {"rules": {"driverCompatibility": {"images": [{"image": "pytorch/*", "minDriverMajor": 1}]}}}
@@ -489,7 +489,7 @@ def gfd_node(
         "nvidia.com/cuda.driver-version.major": driver.split(".")[0],
         "nvidia.com/cuda.runtime-version.full": cuda,
     }
-    return {"kind": "Node", "metadata": {"name": name, "labels": labels}}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
 def test_driver_versions_by_pool_and_product(policy: Policy) -> None:

@@ -117,7 +117,9 @@ def _verdict(decisions: Iterable[engine.Decision]) -> Verdict:
     return min((_VERDICT_OF_OUTCOME[d.outcome] for d in decisions), key=VERDICTS.index, default="pass")
 
 
-def _skip_reason(rule: RuleId, workload: Workload, mutated: engine.Result, guarded: bool) -> str | None:
+def _skip_reason(
+    rule: RuleId, workload: Workload, policy: Policy, mutated: engine.Result, guarded: bool
+) -> str | None:
     """Why a rule that decided nothing does not apply to the workload; None when it simply passed."""
     if rule in MUTATING_RULES and mutated.skipped is not None:
         return mutated.skipped
@@ -125,6 +127,15 @@ def _skip_reason(rule: RuleId, workload: Workload, mutated: engine.Result, guard
         return "Jobs and CronJobs only"
     if rule == GUARD and not guarded:
         return "not bound for accelerator nodes"
+    if rule == "driverCompatibility":
+        if workload.is_daemonset:
+            return "DaemonSets run on every node"
+        if not rules.driver_rule_applies(workload, policy.rules.driverCompatibility):
+            return "states no driver version it needs"
+    if rule == "trustedDeviceSoftware" and not any(
+        rules.device_software(workload, policy.rules.trustedDeviceSoftware)
+    ):
+        return "mounts no device software's host paths"
     return None
 
 
@@ -147,7 +158,7 @@ def evaluate(obj: JSON, policy: Policy, facts: ClusterFacts) -> Finding | None:
     for rule in RULE_IDS:
         mode = policy.mode_for(rule, namespace, labels)
         mine = [d for d in decisions if d.rule == rule]
-        reason = _skip_reason(rule, workload, mutated, guarded)
+        reason = _skip_reason(rule, workload, policy, mutated, guarded)
         if mode == "off":
             results.append(RuleResult(rule, "skip", mode, (f"off in namespace {namespace}",)))
         elif not mine and reason is not None:

@@ -1,8 +1,8 @@
-"""An audit as people read it (a table grouped by namespace) and as programs read it (JSON data)."""
+"""An audit as people read it (the rows of a table grouped by namespace) and as programs read it (JSON
+data); the command line prints them (webhook.cli.audit)."""
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -39,13 +39,19 @@ def document(audit: Audit) -> dict[str, Any]:
     }
 
 
-def _counts(findings: Iterable[Finding]) -> str:
-    counts = Counter(f.worst() for f in findings)
-    return ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+HEADERS = ("namespace", "workload", "rule", "verdict", "message")
+CLUSTER = "(cluster)"  # the namespace column of nodes
 
 
-def _rows(finding: Finding) -> list[tuple[str, str, str, str]]:
+def counts(findings: Iterable[Finding]) -> list[tuple[str, int]]:
+    """How many findings have each verdict as their worst, every verdict named, most serious first."""
+    worst = Counter(f.worst() for f in findings)
+    return [(verdict, worst[verdict]) for verdict in VERDICTS]
+
+
+def _rows(finding: Finding) -> list[tuple[str, str, str, str, str]]:
     subject = finding.subject
+    namespace = subject.namespace or CLUSTER
     pods = f" ({finding.pods} pod{'s' if finding.pods != 1 else ''})" if finding.pods else ""
     workload = f"{subject.kind}/{subject.name}{pods}"
     shown: list[RuleResult] = [r for r in finding.results if r.verdict in SHOWN]
@@ -53,39 +59,25 @@ def _rows(finding: Finding) -> list[tuple[str, str, str, str]]:
     if not shown:
         verdict = finding.worst()
         detail = "" if verdict == "pass" else "; ".join(finding.results[0].messages)
-        return [(workload, "", verdict, detail)]
+        return [(namespace, workload, "", verdict, detail)]
     return [
-        (workload if index == 0 else "", r.rule, r.verdict, "; ".join(r.messages))
+        (namespace, workload if index == 0 else "", r.rule, r.verdict, "; ".join(r.messages))
         for index, r in enumerate(shown)
     ]
 
 
-def table(audit: Audit) -> str:
-    """One block per namespace (cluster-scoped objects last), the most serious findings first."""
-    if not audit.findings:
-        return f"no accelerator workloads found ({_read(audit)})\n"
+def rows(audit: Audit) -> list[tuple[str, str, str, str, str]]:
+    """The table's rows (`HEADERS`): grouped by namespace (cluster-scoped objects last), the most serious
+    findings first in each, one row per rule that would deny, change or warn (a workload with none of
+    those gets one row); the workload is named on its first row only."""
     ordered = sorted(
         audit.findings,
         key=lambda f: (f.subject.namespace == "", f.subject.namespace, VERDICTS.index(f.worst()), f.subject),
     )
-    rows = [row for finding in ordered for row in _rows(finding)]
-    widths = [max(len(row[column]) for row in rows) for column in range(3)]
-    lines: list[str] = []
-    for namespace, group in itertools.groupby(ordered, key=lambda f: f.subject.namespace):
-        members = list(group)
-        title = f"namespace {namespace}" if namespace else "cluster"
-        lines.append(
-            f"{title}: {len(members)} finding{'s' if len(members) != 1 else ''} ({_counts(members)})"
-        )
-        for finding in members:
-            for row in _rows(finding):
-                cells = [cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)]
-                lines.append(("  " + "  ".join([*cells, row[3]])).rstrip())
-        lines.append("")
-    lines.append(f"{len(audit.findings)} findings ({_counts(audit.findings)}); {_read(audit)}")
-    return "\n".join(lines) + "\n"
+    return [row for finding in ordered for row in _rows(finding)]
 
 
-def _read(audit: Audit) -> str:
+def read(audit: Audit) -> str:
+    """What the audit read and with which policy: `read Deployment 2, Pod 5; policy 1a2b...`."""
     kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(audit.scanned.items()))
     return f"read {kinds or 'nothing'}; policy {audit.policy_hash}"

@@ -9,9 +9,13 @@ Nothing follows symlinks here, except `/var/run`, which is `/run` on every distr
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
+import re
+from fnmatch import translate
 
 Components = tuple[str, ...]
+# A pattern's components: plain ones compared as strings, glob ones as compiled expressions (admission
+# checks every mount against every pattern, so nothing is translated per request).
+Pattern = tuple["str | re.Pattern[str]", ...]
 
 
 def components(path: str) -> Components | None:
@@ -36,8 +40,15 @@ def joined(path: str, sub_path: str) -> str:
     return f"{path.rstrip('/')}/{sub_path}" if sub_path else path
 
 
-def reaches(mount: Components, pattern: Components) -> bool:
-    return all(fnmatchcase(part, glob) for part, glob in zip(mount, pattern, strict=False))
+def compile_pattern(parts: Components) -> Pattern:
+    return tuple(re.compile(translate(part)) if any(c in part for c in "*?[") else part for part in parts)
+
+
+def reaches(mount: Components, pattern: Pattern) -> bool:
+    for part, glob in zip(mount, pattern, strict=False):
+        if not (part == glob if isinstance(glob, str) else glob.match(part)):
+            return False
+    return True
 
 
 def render(parts: Components) -> str:

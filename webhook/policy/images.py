@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 DOCKER_HUB = "docker.io"
 _DOCKER_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
-_PATH_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_PATH = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _DOMAIN = re.compile(
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
 )
@@ -51,7 +53,12 @@ def _is_domain(component: str) -> bool:
 
 def parse(image: object) -> ImageRef | None:
     """The normalised reference, or None when `image` is not one a runtime would pull."""
-    if not isinstance(image, str) or not image or image != image.strip():
+    return _parse(image) if isinstance(image, str) else None
+
+
+@lru_cache(maxsize=4096)  # a cluster runs few distinct images, and every pod of a workload repeats them
+def _parse(image: str) -> ImageRef | None:
+    if not image or image != image.strip():
         return None
     name, _, digest = image.partition("@")
     tag: str | None = None
@@ -74,7 +81,7 @@ def parse(image: object) -> ImageRef | None:
         registry = DOCKER_HUB
         if "/" not in path:
             path = f"library/{path}"
-    if not all(_PATH_COMPONENT.fullmatch(part) for part in path.split("/")):
+    if not _PATH.fullmatch(path):
         return None
     return ImageRef(registry, path, tag, digest or None)
 
@@ -93,7 +100,7 @@ def normalise_prefix(prefix: str) -> str:
         raise ValueError(f"{prefix!r} names no registry: write it in full, e.g. docker.io/{body}/")
     if ":" in rest:
         raise ValueError(f"{prefix!r}: a prefix names repositories, not a tag")
-    if rest and not all(_PATH_COMPONENT.fullmatch(part) for part in rest.split("/")):
+    if rest and not _PATH.fullmatch(rest):
         raise ValueError(f"{prefix!r}: {rest!r} is not a repository path (lower case, no empty parts)")
     registry = DOCKER_HUB if first.lower() in _DOCKER_HUB_ALIASES else first.lower()
     if not rest:

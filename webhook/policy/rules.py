@@ -266,7 +266,7 @@ def driver_requirement(workload: Workload, rule: DriverCompatibility) -> DriverR
             stated.append((int(value), f"annotation {rule.annotation}"))
         else:
             problem = f"annotation {rule.annotation}: {value!r} is not a driver major version (a whole number such as 550)"
-    for container in workload.containers():
+    for container in workload.containers() if rule.images else ():
         ref = images.parse(container.get("image"))
         if ref is None:
             continue
@@ -290,6 +290,15 @@ def _is_multi_node(workload: Workload, rule: DriverCompatibility) -> bool:
         and parallelism >= rule.multiNode.minParallelism
         and completion_mode in rule.multiNode.completionModes
     )
+
+
+def driver_rule_applies(workload: Workload, rule: DriverCompatibility) -> bool:
+    """Whether driverCompatibility has anything to decide on the workload: a driver version it states
+    (or misstates), or a multi-node Job that must run on one driver version."""
+    requirement = driver_requirement(workload, rule)
+    if requirement.minimum is not None or requirement.problem is not None:
+        return True
+    return rule.multiNode.sameDriverVersion and _is_multi_node(workload, rule)
 
 
 def driver_compatibility(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
@@ -327,10 +336,12 @@ def driver_compatibility_check(
     report = Report()
     if workload.is_daemonset or (workload.is_pod and (previous is not None or _exempt_pod(workload))):
         return report  # a pod's affinity cannot change after creation; DaemonSets run on every node
-    if not accelerator_requests(workload, policy.accelerators, facts):
-        return report
     rule = policy.rules.driverCompatibility
     requirement = driver_requirement(workload, rule)
+    if requirement.minimum is None and requirement.problem is None:
+        return report  # most workloads state nothing: the cheap answer first
+    if not accelerator_requests(workload, policy.accelerators, facts):
+        return report
     if previous is not None and _violates_driver_check(previous, rule):
         return report  # an existing workload must stay manageable: deny only what the update introduces
     if requirement.problem:
