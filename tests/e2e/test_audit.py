@@ -27,6 +27,7 @@ from webhook_harness import (
     cpu_pod,
     create_namespace,
     default_priority_classes,
+    device_plugin_daemonset,
     dry_run,
     gpu_cronjob,
     gpu_deployment,
@@ -41,10 +42,11 @@ from webhook_harness import (
 
 from webhook import cli
 from webhook.audit import background
+from webhook.audit.schedule import Schedule
 from webhook.cli import audit as cli_audit
 from webhook.cli import output
 from webhook.kube.client import api_client
-from webhook.policy.model import RULE_IDS, parse_policy
+from webhook.policy.model import RULE_IDS, default_policy, parse_policy
 
 HERE = Path(__file__).resolve().parent
 CRD_FILE = HERE / "crds" / "wgpolicyk8s.io-v1alpha2.yaml"
@@ -61,15 +63,16 @@ CHANGED_JOB: dict[str, str] = {
     "podFailurePolicy": "change",
     "gracefulTermination": "change",
     "priority": "change",
-    "driverCompatibility": "pass",
+    "driverCompatibility": "skip",  # states no driver it needs
     "acceleratorNodeGuard": "pass",
-    "trustedDeviceSoftware": "pass",
+    "trustedDeviceSoftware": "skip",  # mounts no device software's paths
 }
 CHANGED_SERVING = CHANGED_JOB | {"podFailurePolicy": "skip"}
-DENIED_CPU_POD = dict.fromkeys(RULE_IDS, "skip") | {
-    "acceleratorNodeGuard": "deny",
-    "trustedDeviceSoftware": "pass",
-}
+# Its image asks for a newer driver than the default policy's affinity leaves it free of.
+CHANGED_DRIVER_JOB = CHANGED_JOB | {"driverCompatibility": "change"}
+DENIED_CPU_POD = dict.fromkeys(RULE_IDS, "skip") | {"acceleratorNodeGuard": "deny"}
+DENIED_DEVICE_PLUGIN = dict.fromkeys(RULE_IDS, "skip") | {"trustedDeviceSoftware": "deny"}
+DRIVER_ANNOTATION = default_policy().rules.driverCompatibility.annotation
 
 
 def as_list(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -178,10 +181,13 @@ def replica_set_of(plane: ControlPlane, deployment: dict[str, Any], pods: int) -
 
 def workloads(namespace: str) -> list[dict[str, Any]]:
     """A team's manifests from before gpuguard: four GPU workloads, a CPU pod pinned to GPU nodes, a CPU
-    pod and a GPU DaemonSet (gpuguard never handles DaemonSets)."""
+    pod, a GPU DaemonSet that is no device software (no rule speaks to it), a Job stating the driver it
+    needs, and a device plugin from an untrusted registry."""
     daemon_set = gpu_deployment("agent", namespace)
     daemon_set["kind"] = "DaemonSet"
     del daemon_set["spec"]["replicas"]
+    needs_driver = gpu_job("needs-570", namespace)
+    needs_driver["metadata"]["annotations"] = {DRIVER_ANNOTATION: "570"}
     return [
         gpu_job("train", namespace),
         gpu_cronjob("nightly", namespace),
@@ -190,6 +196,8 @@ def workloads(namespace: str) -> list[dict[str, Any]]:
         pinned_to_gpu_nodes("crowd", namespace),
         cpu_pod("plain", namespace),
         daemon_set,
+        needs_driver,
+        device_plugin_daemonset("rogue-plugin", namespace, "quay.io/example/device-plugin:v1"),
     ]
 
 
@@ -217,13 +225,15 @@ def test_workloads_created_without_gpuguard_are_reported_with_what_they_lack(
         ("Deployment", "serve"): CHANGED_SERVING,
         ("StatefulSet", "db"): CHANGED_SERVING,
         ("Pod", "crowd"): DENIED_CPU_POD,
+        ("Job", "needs-570"): CHANGED_DRIVER_JOB,
+        ("DaemonSet", "rogue-plugin"): DENIED_DEVICE_PLUGIN,
     }
     # The ReplicaSet and its two pods are the Deployment's, reported once, through it.
     assert found[("Deployment", "serve")]["pods"] == 2
     assert "pods" not in found[("Job", "train")]
 
     # The webhook agrees: the same manifests, created where gpuguard answers, get exactly those rules.
-    for manifest in manifests[:4]:
+    for manifest in [*manifests[:4], manifests[7]]:
         submitted = json.loads(json.dumps(manifest))
         submitted["metadata"]["namespace"] = namespace
         answer = dry_run(control_plane, submitted)
@@ -233,6 +243,10 @@ def test_workloads_created_without_gpuguard_are_reported_with_what_they_lack(
         assert sorted(applied) == sorted(r["rule"] for r in audited["rules"] if r["verdict"] == "change")
     refused = dry_run(control_plane, pinned_to_gpu_nodes("crowd", namespace))
     assert refused.returncode != 0 and "acceleratorNodeGuard" in refused.stderr
+    plugin = json.loads(json.dumps(manifests[8]))
+    plugin["metadata"]["namespace"] = namespace
+    refused = dry_run(control_plane, plugin)
+    assert refused.returncode != 0 and "trustedDeviceSoftware" in refused.stderr
 
 
 def test_applying_what_mutate_suggests_makes_them_pass(
@@ -242,7 +256,8 @@ def test_applying_what_mutate_suggests_makes_them_pass(
     submit(control_plane, "apply", as_list(manifests))
     code, out, _ = run("-n", unguarded, "--fail-on", "change")
     assert code == output.EXIT_FAILED
-    assert out.splitlines()[0] == f"namespace {unguarded}: 5 findings (1 deny, 4 change)"
+    assert out.splitlines()[-1].startswith("5 findings: 1 deny, 4 change, 0 warn, 0 pass, 0 skip; read ")
+    assert {line.split()[0] for line in out.splitlines()[1:-2]} == {unguarded}
 
     # What the audit's messages say to do: `gpuguard mutate` the manifests, and give the CPU pod that
     # is pinned to GPU nodes a priority class of at least minPriority.
@@ -411,14 +426,17 @@ def test_report_creates_then_updates_policy_reports(
 
     code, out, err = run("-n", unguarded, "--report")
     assert code == 0, err
-    assert out.startswith(f"namespace {unguarded}: 2 findings")  # stdout is the report, nothing else
+    lines = out.splitlines()  # stdout is the report, nothing else
+    assert lines[0].split()[0] == "NAMESPACE" and lines[-1].startswith("2 findings: 1 deny, 1 change,")
     assert "wgpolicyk8s.io/v1alpha2 (PolicyReport, ClusterPolicyReport) reports: 1 created" in err
     report = policy_report(control_plane, unguarded)
     assert report is not None
     assert report["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpuguard"
-    assert report["summary"] == {"pass": 4, "fail": 5, "warn": 0, "error": 0, "skip": 5}
+    # The Job: four changes, the guard passes, the driver and device-software rules do not apply;
+    # the pod: the guard refuses it, nothing else applies.
+    assert report["summary"] == {"pass": 1, "fail": 5, "warn": 0, "error": 0, "skip": 8}
     results = report["results"]
-    assert [r["result"] for r in results] == ["fail"] * 5 + ["pass"] * 4 + ["skip"] * 5
+    assert [r["result"] for r in results] == ["fail"] * 5 + ["pass"] + ["skip"] * 8
     crowd_result = next(r for r in results if r["resources"][0]["name"] == "crowd" and r["result"] == "fail")
     assert crowd_result["rule"] == "acceleratorNodeGuard" and crowd_result["severity"] == "high"
     assert crowd_result["resources"][0] == {
@@ -446,7 +464,7 @@ def test_report_creates_then_updates_policy_reports(
         updated is not None
         and updated["metadata"]["resourceVersion"] != report["metadata"]["resourceVersion"]
     )
-    assert updated["summary"] == {"pass": 8, "fail": 1, "warn": 0, "error": 0, "skip": 5}
+    assert updated["summary"] == {"pass": 5, "fail": 1, "warn": 0, "error": 0, "skip": 8}
     assert crowd_result in updated["results"]
 
     # Nothing left to report: gpuguard's report goes.
@@ -627,11 +645,14 @@ def test_the_report_loop_writes_reports_and_runs_again_on_a_policy_change(
 ) -> None:
     submit(control_plane, "apply", gpu_job("train", unguarded))
     policies = [parse_policy("mode: enforce\n")]
-    loop = background.ReportLoop(
-        api_client(str(control_plane.kubeconfig)), lambda: policies[-1], interval=3600, settle=0.1
-    )
     stop = threading.Event()
-    threads = loop.start(stop)
+    loop = background.ReportLoop.for_cluster(
+        api_client(str(control_plane.kubeconfig)),
+        lambda: policies[-1],
+        stop=stop,
+        schedule=Schedule(interval=3600, settle=0.1),
+    )
+    loop.start()
     try:
         wait_until(lambda: loop.metrics.runs["success"] >= 1, timeout=60, what="the first audit run")
         report = policy_report(control_plane, unguarded)
@@ -650,6 +671,5 @@ def test_the_report_loop_writes_reports_and_runs_again_on_a_policy_change(
         assert loop.metrics.runs["error"] == 0
     finally:
         stop.set()
-        for thread in threads:
-            thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads)
+        loop.shutdown(timeout=60)
+    assert not loop.running

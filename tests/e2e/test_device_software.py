@@ -14,9 +14,11 @@ import shared_corpus
 import yaml
 from controlplane import ControlPlane, wait_until
 from webhook_harness import (
+    DEVICE_PLUGINS,
     IMAGE,
     OWNER_LABEL,
     VALIDATING_WEBHOOK,
+    device_plugin_daemonset,
     gpuguard_annotations,
     read_back,
     submit,
@@ -29,7 +31,6 @@ from webhook.policy.workload import locate
 pytestmark = pytest.mark.usefixtures("gpuguard")
 
 UNTRUSTED = "quay.io/example/device-plugin:v1"
-DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 TRUSTED = default_policy().rules.trustedDeviceSoftware
 # Every DaemonSet of the corpus: NVIDIA's device plugin, GPU feature discovery and DCGM exporter, AMD's
 # device plugin, GKE's NCCL/RDMA installer; all from their vendors' own registries.
@@ -38,31 +39,6 @@ CORPUS_DAEMONSETS = [
     for path in shared_corpus.FILES
     if any(d and d["kind"] == "DaemonSet" for d in yaml.safe_load_all(path.read_text()))
 ]
-
-
-def device_plugin_daemonset(name: str, namespace: str, image: str) -> dict[str, Any]:
-    """A device plugin the way vendors ship one: the kubelet's device-plugin directory mounted."""
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "plugin",
-                            "image": image,
-                            "volumeMounts": [{"name": "device-plugins", "mountPath": DEVICE_PLUGINS}],
-                        }
-                    ],
-                    "volumes": [{"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGINS}}],
-                },
-            },
-        },
-    }
 
 
 def corpus_daemonset(path: Path, namespace: str) -> dict[str, Any]:

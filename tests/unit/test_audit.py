@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import shared_corpus
@@ -14,7 +14,7 @@ import yaml
 
 from webhook import cli
 from webhook.admission import review
-from webhook.audit import background, findings, output, reports
+from webhook.audit import findings, output, reports
 from webhook.cli import audit as cli_audit
 from webhook.cli import inputs
 from webhook.cli import output as cli_output
@@ -436,21 +436,3 @@ def test_progress_keeps_quiet_while_work_is_quick() -> None:
     with cli_output.Progress(0, "reading", stream, after=3600.0) as progress:
         progress.show("pods: 500")
     assert stream.getvalue() == ""
-
-
-def test_metrics_count_results_per_rule_and_result(policy: Policy) -> None:
-    metrics = background.AuditMetrics()
-    metrics.succeeded(findings.audit(chain(), policy, FACTS, check_nodes=False), at=1000.0, seconds=0.5)
-    metrics.failed()
-    text = metrics.render()
-    assert 'gpuguard_audit_results{rule="priority",result="fail"} 3' in text
-    assert 'gpuguard_audit_results{rule="podFailurePolicy",result="skip"} 2' in text
-    assert 'gpuguard_audit_results{rule="acceleratorNodeGuard",result="warn"} 0' in text
-    assert 'gpuguard_audit_runs_total{result="error"} 1' in text
-    assert "gpuguard_audit_last_success_timestamp_seconds 1000.0" in text
-
-
-def test_a_report_loop_run_that_fails_is_counted_and_does_not_raise(policy: Policy) -> None:
-    loop = background.ReportLoop(cast(Any, object()), lambda: policy)  # no API client at all
-    assert loop.run_once() is False
-    assert loop.metrics.runs == {"error": 1}

@@ -22,9 +22,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "webhook"
 SHELL_LIBRARIES = frozenset({"fastapi", "starlette", "uvicorn", "kubernetes", "cryptography"})
 # Rooms that answer to different callers and must never lean on one another.
 INDEPENDENT_ROOMS = ("admission", "controllers", "audit")
-# The audit's pure core (objects in, findings and report bodies out): its cluster side is scan and
+# The audit's pure core (objects in, findings, report bodies and the schedule out): its cluster side is scan and
 # background, which reach the API through webhook.kube.
-PURE_AUDIT = ("webhook.audit.findings", "webhook.audit.reports", "webhook.audit.output")
+PURE_AUDIT = (
+    "webhook.audit.findings",
+    "webhook.audit.reports",
+    "webhook.audit.output",
+    "webhook.audit.schedule",
+)
 
 
 @dataclass(frozen=True)

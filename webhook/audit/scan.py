@@ -7,8 +7,9 @@ import functools
 from collections import Counter
 
 from webhook.audit import findings, reports
+from webhook.kube.client import ApiClient
 from webhook.kube.listing import ClusterReader
-from webhook.kube.reports import ReportWriter, Written
+from webhook.kube.reports import MISSING_REPORT_API, ReportWriter, Written, served_report_api
 from webhook.policy.model import Policy
 
 
@@ -39,3 +40,18 @@ def write_reports(
         if where not in grouped and writer.delete(where, resource_version):
             outcomes["deleted"] += 1
     return outcomes
+
+
+class ClusterReports:
+    """The background audit's cluster side: the whole cluster audited with a policy and written as
+    reports, in whichever report API is served (asked on every run: a CRD may come or go)."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+
+    def __call__(self, policy: Policy, now: int) -> tuple[findings.Audit, Counter[Written]]:
+        report_api = served_report_api(self.api)
+        if report_api is None:
+            raise RuntimeError(MISSING_REPORT_API)
+        audit = scan(ClusterReader(self.api), policy)
+        return audit, write_reports(ReportWriter(self.api, report_api), audit, now=now)
