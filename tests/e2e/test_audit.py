@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from controlplane import ControlPlane, free_ports, wait_until
-from install_harness import render, run_gpuguard, service_account_kubeconfig
+from install_harness import find, render, run_gpuguard, service_account_kubeconfig
 from webhook_harness import (
     OWNER_LABEL,
     RULES_ANNOTATION,
@@ -49,6 +49,7 @@ from webhook.kube.client import api_client
 from webhook.policy.model import RULE_IDS, default_policy, parse_policy
 
 HERE = Path(__file__).resolve().parent
+AUDIT_ACCOUNT = "gpuguard-audit"  # its ServiceAccount, roles, bindings and CronJob in deploy/audit/
 CRD_FILE = HERE / "crds" / "wgpolicyk8s.io-v1alpha2.yaml"
 OPENREPORTS_CRD_FILE = HERE / "crds" / "openreports.io-v1alpha1.yaml"
 CRDS = ("policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io")
@@ -507,7 +508,7 @@ def test_report_prefers_openreports_when_it_is_installed(
         assert code == 0 and "openreports.io/v1alpha1 (Report, ClusterReport) reports: 1 created" in err
         report = control_plane.kubectl_json("get", "reports.openreports.io", "gpuguard", "-n", unguarded)
         assert report["source"] == "gpuguard"
-        assert report["summary"] == {"pass": 3, "fail": 4, "warn": 0, "error": 0, "skip": 0}
+        assert report["summary"] == {"pass": 1, "fail": 4, "warn": 0, "error": 0, "skip": 2}
         code, _, err = run("-n", unguarded, "--report")
         assert code == 0 and "reports: 1 unchanged" in err  # its schema keeps every field written
         assert policy_report(control_plane, unguarded) is None  # nothing went to the older API
@@ -519,9 +520,17 @@ def test_report_prefers_openreports_when_it_is_installed(
 
 
 def audit_rbac(plane: ControlPlane, namespace: str, *, without: str | None = None) -> list[dict[str, Any]]:
-    """deploy/audit's ServiceAccount, roles and bindings, moved into `namespace` (and named after it, so
-    two tests never share a ClusterRole); `without` drops one resource from the ClusterRole."""
-    objects = [o for o in render(plane, HERE.parents[1] / "deploy" / "audit") if o["kind"] != "CronJob"]
+    """The install's audit ServiceAccount, roles and bindings (deploy/audit/), moved into `namespace` (and
+    named after it, so two tests never share a ClusterRole); `without` drops one resource from the
+    ClusterRole."""
+    objects = [o for o in render(plane) if o["metadata"]["name"] == AUDIT_ACCOUNT and o["kind"] != "CronJob"]
+    assert {o["kind"] for o in objects} == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    }
     for obj in objects:
         metadata = obj["metadata"]
         if "namespace" in metadata:
@@ -548,7 +557,7 @@ def test_deploy_audit_rbac_is_enough_and_reads_only(
     try:
         submit(control_plane, "apply", policy_configmap(namespace, "gpuguard-policy", "mode: enforce\n"))
         kubeconfig = service_account_kubeconfig(
-            control_plane, tmp_path / "sa", namespace, account="gpuguard-audit"
+            control_plane, tmp_path / "sa", namespace, account=AUDIT_ACCOUNT
         )
         code, _, err = run(
             "-A", "--report", "--policy-configmap", f"{namespace}/gpuguard-policy", kubeconfig=kubeconfig
@@ -580,12 +589,12 @@ def test_deploy_audit_rbac_is_enough_and_reads_only(
             assert not can(verb, resource, "-n", "default"), (verb, resource)
 
         # The CronJob runs the command this test ran.
-        (cronjob,) = [
-            o for o in render(control_plane, HERE.parents[1] / "deploy" / "audit") if o["kind"] == "CronJob"
-        ]
+        # The CronJob is part of the install, in its namespace, and waits for a report CRD to be resumed.
+        cronjob = find(render(control_plane), "CronJob", AUDIT_ACCOUNT)
+        assert cronjob["metadata"]["namespace"] == "gpuguard" and cronjob["spec"]["suspend"] is True
         pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
         (container,) = pod["containers"]
-        assert pod["serviceAccountName"] == "gpuguard-audit"
+        assert pod["serviceAccountName"] == AUDIT_ACCOUNT
         assert container["command"] == ["gpuguard", "audit"]
         args = cli.parser().parse_args(
             ["audit", *(a.replace("$(POD_NAMESPACE)", "gpuguard") for a in container["args"])]
@@ -603,7 +612,7 @@ def test_a_kind_it_may_not_list_is_named_with_its_exit_code(
     try:
         submit(control_plane, "apply", policy_configmap(namespace, "gpuguard-policy", "mode: enforce\n"))
         kubeconfig = service_account_kubeconfig(
-            control_plane, tmp_path / "sa", namespace, account="gpuguard-audit"
+            control_plane, tmp_path / "sa", namespace, account=AUDIT_ACCOUNT
         )
         code, out, err = run("--policy-configmap", f"{namespace}/gpuguard-policy", kubeconfig=kubeconfig)
         assert (code, out) == (output.EXIT_USAGE, "")

@@ -9,6 +9,7 @@ its own at the end.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -78,9 +79,11 @@ def test_every_namespace_field_follows_the_one_setting(
     assert named, "nothing names a namespace"
     assert set(named.values()) == {ELSEWHERE}, named
     assert find(rendered, "Namespace")["metadata"]["name"] == ELSEWHERE
-    for kind in ("RoleBinding", "ClusterRoleBinding"):
-        assert find(rendered, kind)["subjects"] == [
-            {"kind": "ServiceAccount", "name": "gpuguard", "namespace": ELSEWHERE}
+    for kind, account in itertools.product(
+        ("RoleBinding", "ClusterRoleBinding"), ("gpuguard", "gpuguard-audit")
+    ):
+        assert find(rendered, kind, account)["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": ELSEWHERE}
         ]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         for webhook in find(rendered, kind)["webhooks"]:
