@@ -436,3 +436,12 @@ def test_progress_keeps_quiet_while_work_is_quick() -> None:
     with cli_output.Progress(0, "reading", stream, after=3600.0) as progress:
         progress.show("pods: 500")
     assert stream.getvalue() == ""
+
+
+def test_a_policy_configmap_that_names_no_configmap_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for value in ("gpuguard", "/gpuguard-policy", "a/b/c"):
+        assert cli.main(["audit", "--policy-configmap", value]) == cli_output.EXIT_USAGE
+        captured = capsys.readouterr()
+        assert captured.out == "" and "expected NAMESPACE/NAME" in captured.err

@@ -77,8 +77,7 @@ def run_audit(args: argparse.Namespace) -> int:
     from webhook.kube import listing
     from webhook.kube import reports as kube_reports
 
-    configmap = None if args.policy else _configmap(args.policy_configmap)
-    policy = inputs.load_policy(args.policy) if args.policy else None
+    configmap = _configmap(args.policy_configmap)
     try:
         api = kube.api_client(args.kubeconfig)
     except kube.ConfigError as exc:
@@ -87,9 +86,7 @@ def run_audit(args: argparse.Namespace) -> int:
     written = None
     try:
         with output.Progress(0, "gpuguard audit: reading", after=PROGRESS_AFTER_SECONDS) as progress:
-            if configmap is not None:
-                policy = _live_policy(api, *configmap)
-            assert policy is not None
+            policy = inputs.load_policy(args.policy) if args.policy else _live_policy(api, *configmap)
             if args.report:
                 report_api = kube_reports.served_report_api(api)
                 if report_api is None:
