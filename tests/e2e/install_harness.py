@@ -57,12 +57,15 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     return matches[0]
 
 
-def service_account_kubeconfig(plane: ControlPlane, path: Path, namespace: str = NAMESPACE) -> Path:
-    """A kubeconfig for the API server that authenticates as the gpuguard ServiceAccount (TokenRequest)."""
-    token = plane.kubectl("create", "token", SERVICE_ACCOUNT, "-n", namespace, "--duration=2h").stdout.strip()
+def service_account_kubeconfig(
+    plane: ControlPlane, path: Path, namespace: str = NAMESPACE, *, account: str = SERVICE_ACCOUNT
+) -> Path:
+    """A kubeconfig for the API server that authenticates as a ServiceAccount (TokenRequest), by
+    default gpuguard's."""
+    token = plane.kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
     config = json.loads(plane.kubeconfig.read_text())
-    config["users"] = [{"name": SERVICE_ACCOUNT, "user": {"token": token}}]
-    config["contexts"] = [{"name": "sa", "context": {"cluster": "e2e", "user": SERVICE_ACCOUNT}}]
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    config["contexts"] = [{"name": "sa", "context": {"cluster": "e2e", "user": account}}]
     config["current-context"] = "sa"
     path.write_text(json.dumps(config))
     return path

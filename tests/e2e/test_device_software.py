@@ -18,10 +18,12 @@ import yaml
 from controlplane import ControlPlane, wait_until
 from install_harness import DEPLOY
 from webhook_harness import (
+    DEVICE_PLUGINS,
     IMAGE,
     OWNER_LABEL,
     VALIDATING_WEBHOOK,
     WebhookProcess,
+    device_plugin_daemonset,
     gpu_pod,
     gpuguard_annotations,
     pinned_to_gpu_nodes,
@@ -36,7 +38,6 @@ from webhook.policy.workload import locate
 pytestmark = pytest.mark.usefixtures("gpuguard")
 
 UNTRUSTED = "quay.io/example/device-plugin:v1"
-DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 # deploy/'s webhook for kube-system, which the session's configuration leaves out.
 KUBE_SYSTEM_WEBHOOK = "device-software.gpuguard.io"
 TRUSTED = default_policy().rules.trustedDeviceSoftware
@@ -47,31 +48,6 @@ CORPUS_DAEMONSETS = [
     for path in shared_corpus.FILES
     if any(d and d["kind"] == "DaemonSet" for d in yaml.safe_load_all(path.read_text()))
 ]
-
-
-def device_plugin_daemonset(name: str, namespace: str, image: str) -> dict[str, Any]:
-    """A device plugin the way vendors ship one: the kubelet's device-plugin directory mounted."""
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "plugin",
-                            "image": image,
-                            "volumeMounts": [{"name": "device-plugins", "mountPath": DEVICE_PLUGINS}],
-                        }
-                    ],
-                    "volumes": [{"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGINS}}],
-                },
-            },
-        },
-    }
 
 
 def corpus_daemonset(path: Path, namespace: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ its own at the end.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -78,12 +79,12 @@ def test_every_namespace_field_follows_the_one_setting(
     assert named, "nothing names a namespace"
     assert set(named.values()) == {ELSEWHERE}, named
     assert find(rendered, "Namespace")["metadata"]["name"] == ELSEWHERE
-    # The webhook's bindings and the controllers' (each its own ServiceAccount) alike.
-    for kind in ("RoleBinding", "ClusterRoleBinding"):
-        for account in ("gpuguard", "gpuguard-controllers"):
-            assert find(rendered, kind, account)["subjects"] == [
-                {"kind": "ServiceAccount", "name": account, "namespace": ELSEWHERE}
-            ]
+    for kind, account in itertools.product(
+        ("RoleBinding", "ClusterRoleBinding"), ("gpuguard", "gpuguard-controllers", "gpuguard-audit")
+    ):
+        assert find(rendered, kind, account)["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": ELSEWHERE}
+        ]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         for webhook in find(rendered, kind)["webhooks"]:
             assert webhook["clientConfig"]["service"]["namespace"] == ELSEWHERE

@@ -262,6 +262,34 @@ def _template(name: str, restart_policy: str) -> dict[str, Any]:
     }
 
 
+DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+
+
+def device_plugin_daemonset(name: str, namespace: str, image: str) -> dict[str, Any]:
+    """A device plugin the way vendors ship one: the kubelet's device-plugin directory mounted."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "plugin",
+                            "image": image,
+                            "volumeMounts": [{"name": "device-plugins", "mountPath": DEVICE_PLUGINS}],
+                        }
+                    ],
+                    "volumes": [{"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGINS}}],
+                },
+            },
+        },
+    }
+
+
 def gpu_job(name: str, namespace: str, *, restart_policy: str = "Never") -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",

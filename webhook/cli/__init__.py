@@ -11,6 +11,7 @@ One module per command group, each with a `register(commands)` that adds its sub
     certs.py      gpuguard certs generate|rotate
     nodes.py      gpuguard nodes [explain NODE | reset-breaker | drivers]
     cases.py      gpuguard test
+    audit.py      gpuguard audit
 
 shared by all of them:
 
@@ -18,15 +19,15 @@ shared by all of them:
                   the summary line, a progress indicator (on a terminal only)
     inputs.py     -f manifests as kubectl reads them, --policy, --facts, argument types
 
-Adding a command group (say `gpuguard audit`) is one new module and one line in GROUPS below:
+Adding a command group (say `gpuguard explain`) is one new module and one line in GROUPS below:
 
-    # webhook/cli/audit.py
-    def run_audit(args: argparse.Namespace) -> int:
+    # webhook/cli/explain.py
+    def run_explain(args: argparse.Namespace) -> int:
         ...                                   # print; return output.EXIT_OK or output.EXIT_FAILED
     def register(commands: output.Commands) -> None:
-        parser = output.add_parser(commands, "audit", help="...")   # help lines show defaults
+        parser = output.add_parser(commands, "explain", help="...")   # help lines show defaults
         parser.add_argument(...)                                    # every option with help text
-        parser.set_defaults(run=run_audit)
+        parser.set_defaults(run=run_explain)
 
 A subcommand of an existing group (another `gpuguard nodes ...`) goes into that group's module.
 Raise `output.UsageError("FILE: what is wrong")` for anything the user must fix: it is printed as
@@ -42,7 +43,19 @@ import sys
 from collections.abc import Sequence
 
 from webhook import __version__
-from webhook.cli import cases, certs, controllers, nodeagent, nodes, output, policy, review, serve, workloads
+from webhook.cli import (
+    audit,
+    cases,
+    certs,
+    controllers,
+    nodeagent,
+    nodes,
+    output,
+    policy,
+    review,
+    serve,
+    workloads,
+)
 
 # The command groups, in the order `gpuguard --help` lists them.
 GROUPS = (
@@ -55,6 +68,7 @@ GROUPS = (
     certs,
     nodes,
     cases,
+    audit,
 )
 
 

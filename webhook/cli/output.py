@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, TextIO, TypeAlias
 
@@ -97,20 +98,26 @@ class Progress:
         with Progress(len(items), "checking") as progress:
             for item in items:
                 progress.step(item.name)
+
+    Work of unknown size says where it is with `show(text)` instead; `after` keeps quick work silent.
     """
 
-    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, label: str, stream: TextIO | None = None, *, after: float = 0.0) -> None:
         self.total = total
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.shown = self.stream.isatty()
         self.done = 0
         self._width = 0
+        self._from = time.monotonic() + after
 
     def step(self, item: str) -> None:
         self.done += 1
-        if self.shown:
-            self._write(f"{self.label} [{self.done}/{self.total}] {item}")
+        self.show(f"[{self.done}/{self.total}] {item}")
+
+    def show(self, text: str) -> None:
+        if self.shown and time.monotonic() >= self._from:
+            self._write(f"{self.label} {text}")
 
     def _write(self, text: str) -> None:
         self.stream.write("\r" + text.ljust(self._width))

@@ -12,9 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import orjson
+import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
 from webhook.kube.informer import ExpiredError, ListPage, NotServedError
@@ -27,16 +30,55 @@ REQUEST_TIMEOUT_SECONDS = 10
 PAGE_SIZE = 500
 
 
-__all__ = ["ApiClient", "ApiError", "ResourceListWatch", "api_client", "metadata_of", "raw_json"]
+__all__ = [
+    "NETWORK_ERRORS",
+    "AccessError",
+    "ApiClient",
+    "ApiError",
+    "ConfigError",
+    "ResourceListWatch",
+    "UnreachableError",
+    "api_client",
+    "metadata_of",
+    "raw_json",
+]
+
+
+class ConfigError(ValueError):
+    """No usable credentials: the kubeconfig is missing or is not a kubeconfig, or the in-cluster files are."""
+
+
+class UnreachableError(Exception):
+    """The API server did not answer (connection refused, TLS failure, timeout)."""
+
+
+# What a call raises when the API server cannot be reached: the client's calls let urllib3's errors
+# through, ResourceListWatch turns them into UnreachableError.
+NETWORK_ERRORS: tuple[type[Exception], ...] = (UnreachableError, urllib3.exceptions.HTTPError)
+
+
+class AccessError(Exception):
+    """The API server refused a read gpuguard needs; the message names what, where, and why."""
+
+    def __init__(self, what: str, exc: ApiException) -> None:
+        hint = " (the credentials lack this permission)" if exc.status == 403 else ""
+        super().__init__(f"cannot {what}: {exc.status} {exc.reason}{hint}")
+        self.status = exc.status
 
 
 def api_client(kubeconfig: str | None = None) -> ApiClient:
     """In-cluster credentials inside a pod, else the kubeconfig (explicit, $KUBECONFIG or ~/.kube/config)."""
     configuration = client.Configuration()
-    if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    try:
+        if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    # The client's loader meets a file that is not a kubeconfig with whatever the first bad field
+    # raises (a TypeError for a plain string, an AttributeError for a list): all of them mean this.
+    except (ConfigException, yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError) as exc:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ConfigError(f"no usable cluster credentials in {where}: {exc}") from exc
     return ApiClient(configuration)
 
 
@@ -79,6 +121,8 @@ class ResourceListWatch:
             )
         except ApiException as exc:
             raise _translated(exc) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise UnreachableError(str(exc)) from exc
         data = raw_json(response)
         metadata = metadata_of(data)
         items = data.get("items")

@@ -51,6 +51,17 @@ class ListWatch(Protocol):
     ) -> contextlib.AbstractContextManager[Iterator[dict[str, Any]]]: ...
 
 
+def paged(source: ListWatch) -> Iterator[ListPage]:
+    """Every page of one list, following continue tokens; a 410 on a token raises ExpiredError."""
+    token: str | None = None
+    while True:
+        page = source.list_page(token)
+        yield page
+        token = page.continue_token
+        if token is None:
+            return
+
+
 @dataclass(frozen=True)
 class Change(Generic[V]):
     """One key's value before and after; `old` None: it appeared, `new` None: it is gone."""
@@ -145,18 +156,15 @@ class Informer(Generic[V]):
 
     def _relist(self) -> None:
         items: dict[Hashable, V] = {}
-        token: str | None = None
-        while True:
-            page = self.source.list_page(token)
+        resource_version = ""
+        for page in paged(self.source):
             for raw in page.items:
                 converted = self.convert(raw)
                 if converted is not None:
                     items[converted[0]] = converted[1]
-            token = page.continue_token
-            if token is None:
-                break
+            resource_version = page.resource_version
         previous, self._items = self._items, items
-        self.resource_version = page.resource_version
+        self.resource_version = resource_version
         for key in previous.keys() - items.keys():
             self._changed(Change(key, previous[key], None))
         for key, value in items.items():

@@ -1,5 +1,6 @@
 """The policy as one key of one ConfigMap, watched: every change of its text is offered to the policy
-store, and what the store decides is told back as Events on the ConfigMap."""
+store, and what the store decides is told back as Events on the ConfigMap. Or read once, for a
+one-shot command (`gpuguard audit`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from webhook.kube.client import ResourceListWatch, metadata_of
+from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, AccessError, ResourceListWatch, metadata_of, raw_json
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Informer
 
@@ -61,3 +63,18 @@ class PolicyConfigMap:
         """Records an Event on the ConfigMap, so `kubectl describe configmap` shows it."""
         regarding = ObjectRef("v1", "ConfigMap", self.namespace, self.name, self.uid)
         self.events.record(regarding, reason, note, action="LoadPolicy", warning=warning)
+
+
+def read_policy_text(api: client.ApiClient, namespace: str, name: str, *, key: str) -> str | None:
+    """The policy text in one ConfigMap key, read once; None when the ConfigMap or the key is absent."""
+    try:
+        response = client.CoreV1Api(api).read_namespaced_config_map(
+            name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise AccessError(f"read ConfigMap {namespace}/{name}", exc) from exc
+    data = raw_json(response).get("data")
+    text = data.get(key) if isinstance(data, dict) else None
+    return text if isinstance(text, str) else None

@@ -23,9 +23,16 @@ class PriorityClassInfo:
 
 
 @dataclass(frozen=True)
+class Taint:
+    key: str
+    effect: str  # NoSchedule, PreferNoSchedule or NoExecute
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     labels: Mapping[str, str]
     resources: tuple[str, ...] = ()  # resource names in the node's capacity
+    taints: tuple[Taint, ...] = ()
 
 
 def node_info(raw: object) -> tuple[str, NodeInfo] | None:
@@ -38,7 +45,17 @@ def node_info(raw: object) -> tuple[str, NodeInfo] | None:
     status = raw.get("status")
     capacity = status.get("capacity") if isinstance(status, dict) else None
     resources = tuple(sorted(capacity)) if isinstance(capacity, dict) else ()
-    return name, NodeInfo(dict(labels) if isinstance(labels, dict) else {}, resources)
+    spec = raw.get("spec")
+    taints = spec.get("taints") if isinstance(spec, dict) else None
+    return name, NodeInfo(
+        dict(labels) if isinstance(labels, dict) else {},
+        resources,
+        tuple(
+            Taint(str(taint.get("key", "")), str(taint.get("effect", "")))
+            for taint in (taints if isinstance(taints, list) else [])
+            if isinstance(taint, dict)
+        ),
+    )
 
 
 def nodes_of(documents: Iterable[Any]) -> dict[str, NodeInfo]:

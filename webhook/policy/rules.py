@@ -292,6 +292,15 @@ def _is_multi_node(workload: Workload, rule: DriverCompatibility) -> bool:
     )
 
 
+def driver_rule_applies(workload: Workload, rule: DriverCompatibility) -> bool:
+    """Whether driverCompatibility has anything to decide on the workload: a driver version it states
+    (or misstates), or a multi-node Job that must run on one driver version."""
+    requirement = driver_requirement(workload, rule)
+    if requirement.minimum is not None or requirement.problem is not None:
+        return True
+    return rule.multiNode.sameDriverVersion and _is_multi_node(workload, rule)
+
+
 def driver_compatibility(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
     rule = policy.rules.driverCompatibility
     report = Report()
@@ -380,7 +389,8 @@ def _exempt_pod(workload: Workload) -> bool:
 # --- rule 6: accelerator-node guard (validating) ---------------------------------------------------------
 
 
-def _is_accelerator_node(node: NodeInfo, policy: Policy) -> bool:
+def is_accelerator_node(node: NodeInfo, policy: Policy) -> bool:
+    """A node carrying an accelerator label, or an accelerator resource in its capacity."""
     accelerators = policy.accelerators
     return any(key in node.labels for key in accelerators.nodeLabels) or any(
         accelerators.is_accelerator_resource(name) for name in node.resources
@@ -392,7 +402,7 @@ def accelerator_node_reasons(workload: Workload, policy: Policy, facts: ClusterF
     accelerators = policy.accelerators
     reasons = [f"requests {name}" for name in accelerator_requests(workload, accelerators, facts)]
     node = facts.nodes.get(str(workload.pod_spec.get("nodeName"))) if facts.nodes is not None else None
-    if node is not None and _is_accelerator_node(node, policy):
+    if node is not None and is_accelerator_node(node, policy):
         reasons.append(f"nodeName {workload.pod_spec['nodeName']}")
     labels = set(accelerators.nodeLabels)
     selector = as_dict(workload.pod_spec.get("nodeSelector")) or {}
