@@ -43,6 +43,11 @@ _WORDS = frozenset(
 _NUMBER_LIKE = re.compile(r"[-+]?[._0-9][0-9A-Za-z_.:+\- ]*")
 
 
+# Line breaks outside ASCII: PyYAML folds a quoted string at NEL (U+0085) or the Unicode line and
+# paragraph separators, and a reader takes the fold for a space. Double quotes escape them (`\N`).
+_UNICODE_BREAKS = re.compile("[\x85\u2028\u2029]")
+
+
 def could_be_read_as_another_type(value: str) -> bool:
     return value.lower().lstrip("+-") in _WORDS or _NUMBER_LIKE.fullmatch(value) is not None
 
@@ -52,7 +57,7 @@ class _ManifestDumper(yaml.SafeDumper):
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    if could_be_read_as_another_type(value):
+    if could_be_read_as_another_type(value) or _UNICODE_BREAKS.search(value):
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
     return dumper.represent_str(value)
 
