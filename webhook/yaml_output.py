@@ -3,9 +3,8 @@
 PyYAML quotes a string only when its own YAML 1.1 reader would take it for something else, so it writes
 "0o17" and "1e3" bare, and a YAML 1.2 reader (or kubectl's, which also reads Go number literals) reads
 back the numbers 15 and 1000: an env value or a label silently changed. Here a string is quoted whenever
-any of those readers could take it for a null, a boolean, a number or a date, and double-quoted (escaped)
-when it holds a line break YAML 1.1 folds. Quoting more than needed changes nothing a reader sees;
-quoting less changes user data.
+any of those readers could take it for a null, a boolean, a number or a date. Quoting more than needed
+changes nothing a reader sees; quoting less changes user data.
 """
 
 from __future__ import annotations
@@ -44,18 +43,13 @@ _WORDS = frozenset(
 _NUMBER_LIKE = re.compile(r"[-+]?[._0-9][0-9A-Za-z_.:+\- ]*")
 
 
-# Line breaks to YAML 1.1 besides \n and \r: PyYAML writes them raw inside single quotes, where its own
-# reader folds NEL into a space. In double quotes they are escapes (\N, \L, \P) every reader, go-yaml
-# included, reads back.
-_OTHER_LINE_BREAKS = frozenset("\x85\u2028\u2029")
+# Line breaks outside ASCII: PyYAML folds a quoted string at NEL (U+0085) or the Unicode line and
+# paragraph separators, and a reader takes the fold for a space. Double quotes escape them (`\N`).
+_UNICODE_BREAKS = re.compile("[\x85\u2028\u2029]")
 
 
 def could_be_read_as_another_type(value: str) -> bool:
     return value.lower().lstrip("+-") in _WORDS or _NUMBER_LIKE.fullmatch(value) is not None
-
-
-def _needs_double_quotes(value: str) -> bool:
-    return could_be_read_as_another_type(value) or not _OTHER_LINE_BREAKS.isdisjoint(value)
 
 
 class _ManifestDumper(yaml.SafeDumper):
@@ -63,7 +57,7 @@ class _ManifestDumper(yaml.SafeDumper):
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    if _needs_double_quotes(value):
+    if could_be_read_as_another_type(value) or _UNICODE_BREAKS.search(value):
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
     return dumper.represent_str(value)
 

@@ -346,3 +346,6 @@ def test_nodes_drivers_flags_the_mixed_pool(
     metrics = live.process.metrics()
     assert 'gpuguard_driver_versions{pool="h100",product="NVIDIA-H100-80GB-HBM3"} 2' in metrics
     assert 'gpuguard_driver_versions{pool="a100",product="NVIDIA-H100-80GB-HBM3"} 1' in metrics
+    # ...and counts the mixed pools the command counted (`N GPU pools: M mixed, ...`).
+    mixed = int(result.stdout.splitlines()[-1].split(": ", 1)[1].split(" mixed")[0])
+    assert mixed >= 1 and f"\ngpuguard_driver_mixed_pools {mixed}\n" in metrics, result.stdout
