@@ -60,7 +60,7 @@ from install_harness import (  # noqa: E402
     DEPLOY,
     ENDPOINTS,
     Replica,
-    find,
+    namespaces_of,
     render,
     route_to,
     service_account_kubeconfig,
@@ -305,7 +305,7 @@ def install_gpuguard(plane: ControlPlane, work: Path, stack: ExitStack) -> Exten
     account), and the two webhook configurations pointed at that replica for the bench's namespace only:
     every other setting (failurePolicy, timeout, rules, matchConditions, reinvocation) as deploy/ has it."""
     rendered = render(plane)
-    plane.kubectl("apply", "-f", "-", input=json.dumps(find(rendered, "Namespace")))
+    plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
     plane.kubectl("apply", "-k", str(DEPLOY))
     replica = Replica(work / "gpuguard", service_account_kubeconfig(plane, work / "gpuguard.kubeconfig"))
     replica.start()

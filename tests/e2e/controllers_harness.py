@@ -123,9 +123,9 @@ def install_service_account(plane: ControlPlane, service_account: str) -> None:
 
 
 def service_account_kubeconfig(
-    plane: ControlPlane, path: Path, service_account: str = SERVICE_ACCOUNT
+    plane: ControlPlane, path: Path, service_account: str = SERVICE_ACCOUNT, namespace: str = NAMESPACE
 ) -> Path:
-    token = plane.kubectl("create", "token", service_account, "-n", NAMESPACE, "--duration=4h").stdout.strip()
+    token = plane.kubectl("create", "token", service_account, "-n", namespace, "--duration=4h").stdout.strip()
     config = json.loads(plane.kubeconfig.read_text())
     config["users"] = [{"name": service_account, "user": {"token": token}}]
     config["contexts"] = [{"name": "sa", "context": {"cluster": "e2e", "user": service_account}}]

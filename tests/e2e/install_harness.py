@@ -57,6 +57,11 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     return matches[0]
 
 
+def namespaces_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Namespaces among `objects`, as one List to apply before a server-side dry run of the rest."""
+    return {"apiVersion": "v1", "kind": "List", "items": [o for o in objects if o["kind"] == "Namespace"]}
+
+
 def service_account_kubeconfig(
     plane: ControlPlane, path: Path, namespace: str = NAMESPACE, *, account: str = SERVICE_ACCOUNT
 ) -> Path:

@@ -34,6 +34,7 @@ from install_harness import (
     Replica,
     ca_bundles,
     find,
+    namespaces_of,
     read_secret,
     render,
     route_to,
@@ -260,7 +261,7 @@ def test_image_installs_the_pinned_runtime_dependencies_as_non_root() -> None:
 def installed(control_plane: ControlPlane, rendered: list[dict[str, Any]]) -> Iterator[str]:
     """deploy/ applied for real; yields the output of the server-side dry run that preceded it."""
     # A dry run creates nothing, not even the namespace the other objects need: create that first.
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(find(rendered, "Namespace")))
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
     try:
         dry_run = control_plane.kubectl("apply", "-k", str(DEPLOY), "--dry-run=server")
         control_plane.kubectl("apply", "-k", str(DEPLOY))
@@ -488,6 +489,57 @@ def test_controllers_service_account_rules_are_exactly_theirs(
             control_plane, baseline, namespace
         )
         assert granted == expected, namespace
+
+
+NODE_AGENT_USER = "system:serviceaccount:gpuguard-node:gpuguard-node-agent"
+
+
+def test_node_agent_service_account_rules_are_exactly_its_own(
+    control_plane: ControlPlane, installed: str
+) -> None:
+    """It reads pods and writes one thing, their status (its condition): no eviction, delete or node write."""
+    baseline = f"system:serviceaccount:{NAMESPACE}:nobody"
+    expected = {
+        *{("", "pods", "", v) for v in ("get", "list", "watch")},
+        ("", "pods/status", "", "patch"),
+        ("events.k8s.io", "events", "", "create"),
+    }
+    for namespace in (NAMESPACE, "default"):
+        granted = rules_of(control_plane, NODE_AGENT_USER, namespace) - rules_of(
+            control_plane, baseline, namespace
+        )
+        assert granted == expected, namespace
+    for verb, resource in (("create", "pods --subresource=eviction"), ("delete", "pods"), ("patch", "nodes")):
+        assert not can_i(control_plane, verb, resource, "team-a", user=NODE_AGENT_USER), f"{verb} {resource}"
+
+
+def node_agent_daemonset(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+    (daemonset,) = [
+        d for d in rendered if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "gpuguard-node-agent"
+    ]
+    return daemonset
+
+
+def test_node_agent_runs_on_accelerator_nodes_with_the_socket_read_only(
+    rendered: list[dict[str, Any]],
+) -> None:
+    spec = node_agent_daemonset(rendered)["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["args"][0] == "node-agent"
+    (mount,) = container["volumeMounts"]
+    assert (mount["mountPath"], mount["readOnly"]) == ("/var/lib/kubelet/pod-resources", True)
+    (volume,) = spec["volumes"]
+    assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    security = container["securityContext"]
+    assert security["capabilities"]["drop"] == ["ALL"] and security["readOnlyRootFilesystem"] is True
+    assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+    assert spec["tolerations"] == [{"operator": "Exists"}]  # it must stay where gpuguard tainted
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in [
+        e for t in terms for e in t["matchExpressions"]
+    ]
 
 
 def test_the_webhook_service_account_still_writes_no_workload_or_node(

@@ -26,6 +26,7 @@ from install_harness import (
     Replica,
     ca_bundles,
     find,
+    namespaces_of,
     read_secret,
     render,
     service_account_kubeconfig,
@@ -37,6 +38,18 @@ from webhook.certs import files, tls
 
 ELSEWHERE = "gpu-admission"
 EXCLUDED_BY_DEFAULT = ("kube-system", "kube-node-lease")
+# deploy/node-agent: a namespace of its own (its Pod Security level is not gpuguard's), which the one
+# setting leaves where it is.
+AGENT_NAMESPACE = "gpuguard-node"
+
+
+def gpuguards_own(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Everything but the node agent's objects."""
+    return [
+        obj
+        for obj in rendered
+        if (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/name") != "gpuguard-node-agent"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +86,12 @@ def test_every_namespace_field_follows_the_one_setting(
 
     named = {
         f"{obj['kind']}/{obj['metadata']['name']}{path}": value
-        for obj in rendered
+        for obj in gpuguards_own(rendered)
         for path, value in namespaces_named(obj)
     }
     assert named, "nothing names a namespace"
     assert set(named.values()) == {ELSEWHERE}, named
-    assert find(rendered, "Namespace")["metadata"]["name"] == ELSEWHERE
+    assert {n["metadata"]["name"] for n in namespaces_of(rendered)["items"]} == {ELSEWHERE, AGENT_NAMESPACE}
     for kind, account in itertools.product(
         ("RoleBinding", "ClusterRoleBinding"), ("gpuguard", "gpuguard-controllers", "gpuguard-audit")
     ):
@@ -90,7 +103,9 @@ def test_every_namespace_field_follows_the_one_setting(
             assert webhook["clientConfig"]["service"]["namespace"] == ELSEWHERE
             (selected,) = webhook["namespaceSelector"]["matchExpressions"]
             if selected["operator"] == "NotIn":  # the workload webhooks leave gpuguard's namespace out
-                assert selected["values"] == [*EXCLUDED_BY_DEFAULT, ELSEWHERE], webhook["name"]
+                assert selected["values"] == [*EXCLUDED_BY_DEFAULT, ELSEWHERE, AGENT_NAMESPACE], webhook[
+                    "name"
+                ]
             else:  # the device-software one looks at kube-system only
                 assert selected == {
                     "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["kube-system"]
@@ -98,14 +113,14 @@ def test_every_namespace_field_follows_the_one_setting(
 
 
 def test_the_default_namespace_renders_as_before(control_plane: ControlPlane) -> None:
-    rendered = render(control_plane)
+    rendered = gpuguards_own(render(control_plane))
     assert {value for obj in rendered for _, value in namespaces_named(obj)} == {NAMESPACE}
 
 
 @pytest.fixture(scope="module")
 def installed_elsewhere(control_plane: ControlPlane, moved_deploy: Path) -> Iterator[list[dict[str, Any]]]:
     rendered = render(control_plane, moved_deploy)
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(find(rendered, "Namespace")))
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
     try:
         control_plane.kubectl("apply", "-k", str(moved_deploy), "--dry-run=server")
         control_plane.kubectl("apply", "-k", str(moved_deploy))

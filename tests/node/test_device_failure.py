@@ -63,6 +63,7 @@ from .workloads import (
 
 TAINT = f"{health.TAINT_KEY}:NoSchedule"
 AGENT_SERVICE_ACCOUNT = "gpuguard-node-agent"
+AGENT_NAMESPACE = "gpuguard-node"  # deploy/node-agent: a namespace of its own
 GPU_NODES = {"nvidia.com/gpu.present": "true"}  # the node tier's nodes carry it
 # The chain waits on real processes on a loaded machine: generous, never a timing assertion.
 PATIENCE = 120.0
@@ -142,7 +143,9 @@ def responders(cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -
         policy,
         identity="a",
     )
-    agent_kubeconfig = service_account_kubeconfig(plane, workdir / "agent.kubeconfig", AGENT_SERVICE_ACCOUNT)
+    agent_kubeconfig = service_account_kubeconfig(
+        plane, workdir / "agent.kubeconfig", AGENT_SERVICE_ACCOUNT, AGENT_NAMESPACE
+    )
     agents = {
         name: AgentProcess(workdir, agent_kubeconfig, name, node.pod_resources_socket)
         for name, node in cluster.nodes.items()
