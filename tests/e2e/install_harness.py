@@ -241,3 +241,16 @@ def _gpuguard_env() -> dict[str, str]:
     env = {k: v for k, v in without_proxies().items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
     env["PYTHONPATH"] = f"{REPO_ROOT}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO_ROOT)
     return env
+
+
+# The Policy WG's PolicyReport CRDs (gpuguard installs none; the audit's tests do).
+CRD_FILE = Path(__file__).resolve().parent / "crds" / "wgpolicyk8s.io-v1alpha2.yaml"
+
+
+def install_crds(plane: ControlPlane, path: Path) -> dict[str, Any]:
+    """Applies the CRDs in `path` and waits until the API server serves them; returns them."""
+    crds: dict[str, Any] = yaml.safe_load(path.read_text())
+    plane.kubectl("apply", "-f", "-", input=json.dumps(crds))
+    names = [f"crd/{crd['metadata']['name']}" for crd in crds["items"]]
+    plane.kubectl("wait", "--for=condition=Established", *names, "--timeout=30s")
+    return crds

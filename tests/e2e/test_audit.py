@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from controlplane import ControlPlane, free_ports, wait_until
-from install_harness import find, render, run_gpuguard, service_account_kubeconfig
+from install_harness import CRD_FILE, find, install_crds, render, run_gpuguard, service_account_kubeconfig
 from webhook_harness import (
     OWNER_LABEL,
     RULES_ANNOTATION,
@@ -50,7 +50,6 @@ from webhook.policy.model import RULE_IDS, default_policy, parse_policy
 
 HERE = Path(__file__).resolve().parent
 AUDIT_ACCOUNT = "gpuguard-audit"  # its ServiceAccount, roles, bindings and CronJob in deploy/audit/
-CRD_FILE = HERE / "crds" / "wgpolicyk8s.io-v1alpha2.yaml"
 OPENREPORTS_CRD_FILE = HERE / "crds" / "openreports.io-v1alpha1.yaml"
 CRDS = ("policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io")
 # A value of the label by which the session's gpuguard leaves a namespace alone, naming no webhook at
@@ -394,15 +393,6 @@ def test_report_without_a_policyreport_crd_says_which_to_install(
     )
     assert (result.returncode, result.stdout) == (cli_audit.EXIT_NO_REPORT_API, "")
     assert "install the wgpolicyk8s.io/v1alpha2 CRDs" in result.stderr
-
-
-def install_crds(plane: ControlPlane, path: Path) -> dict[str, Any]:
-    """Applies the CRDs in `path` and waits until the API server serves them; returns them."""
-    crds: dict[str, Any] = yaml.safe_load(path.read_text())
-    submit(plane, "apply", crds)
-    names = [f"crd/{crd['metadata']['name']}" for crd in crds["items"]]
-    plane.kubectl("wait", "--for=condition=Established", *names, "--timeout=30s")
-    return crds
 
 
 @pytest.fixture(scope="module")

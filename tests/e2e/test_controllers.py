@@ -32,6 +32,7 @@ from controllers_harness import (
     taints,
 )
 from controlplane import ControlPlane, without_proxies
+from install_harness import CRD_FILE, find, install_crds, render
 from webhook_harness import (
     REPO_ROOT,
     WebhookProcess,
@@ -97,8 +98,12 @@ def start(cluster: ControlPlane, kubeconfig: Path, tmp_path: Path) -> Iterator[S
     breaker's state (fleet-wide) removed."""
     started: list[ControllersProcess] = []
 
-    def start_one(policy: dict[str, Any], identity: str = "a", *, lead: bool = True) -> ControllersProcess:
-        process = ControllersProcess(tmp_path / identity, kubeconfig, policy, identity=identity)
+    def start_one(
+        policy: dict[str, Any], identity: str = "a", *, lead: bool = True, report_interval: float = 0
+    ) -> ControllersProcess:
+        process = ControllersProcess(
+            tmp_path / identity, kubeconfig, policy, identity=identity, report_interval=report_interval
+        )
         started.append(process)
         process.start()
         process.wait_ready()
@@ -622,3 +627,35 @@ def test_a_restart_keeps_what_gpuguard_saw_and_did(
     explained = gpuguard_cli(cluster, "nodes", "explain", name)
     assert explained.returncode == 0, explained.stderr
     assert f"deviceGap/{GPU}" in explained.stdout and "in the budget since" in explained.stdout
+
+
+# --- the audit's reports, kept current by the leader ---------------------------------------------------
+
+
+def test_the_leader_keeps_the_audits_policy_reports_current(
+    cluster: ControlPlane, start: Start, test_id: str, ns: str
+) -> None:
+    crds = install_crds(cluster, CRD_FILE)
+    # The audit's rights as deploy/ grants them to the controllers (the ClusterRoleBinding's subjects).
+    rendered = render(cluster)
+    audit_rbac = [find(rendered, kind, "gpuguard-audit") for kind in ("ClusterRole", "ClusterRoleBinding")]
+    assert {"kind": "ServiceAccount", "name": "gpuguard-controllers", "namespace": NAMESPACE} in audit_rbac[
+        1
+    ]["subjects"]
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": audit_rbac})
+    )
+    try:
+        cluster.kubectl("create", "-f", "-", input=json.dumps(gpu_job("unguarded", ns)))
+        controllers = start(fast_policy(test_id), report_interval=3600)
+
+        def report() -> dict[str, Any] | None:
+            found = cluster.kubectl("get", "policyreport", "gpuguard", "-n", ns, "-o", "json", check=False)
+            return json.loads(found.stdout) if found.returncode == 0 else None
+
+        eventually(lambda: report() is not None, what="the leader's PolicyReport", processes=[controllers])
+        written = report()
+        assert written is not None and written["summary"]["fail"] >= 1  # the Job lacks gpuguard's protections
+        assert controllers.metric("gpuguard_audit_runs_total", result="success") >= 1
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(crds), check=False)

@@ -467,10 +467,16 @@ def test_controllers_service_account_can_do_what_they_need_and_nothing_more(
 
 
 def test_controllers_service_account_rules_are_exactly_theirs(
-    control_plane: ControlPlane, installed: str
+    control_plane: ControlPlane, installed: str, rendered: list[dict[str, Any]]
 ) -> None:
     baseline = f"system:serviceaccount:{NAMESPACE}:nobody"
-    cluster_wide = {
+    # The leader keeps the audit's reports current, with the audit's own ClusterRole (bound to both).
+    audit = {
+        (group, resource, "", verb)
+        for rule in find(rendered, "ClusterRole", "gpuguard-audit")["rules"]
+        for group, resource, verb in itertools.product(rule["apiGroups"], rule["resources"], rule["verbs"])
+    }
+    cluster_wide = audit | {
         *{("", "nodes", "", v) for v in ("get", "list", "watch", "patch")},
         ("", "nodes/status", "", "patch"),
         *{("", r, "", v) for r in ("pods", "namespaces") for v in ("get", "list", "watch")},

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from webhook import logs
 from webhook.cli import inputs, output
-from webhook.policy.model import PolicyError, parse_policy
+from webhook.policy.model import Policy, PolicyError, parse_policy
+
+if TYPE_CHECKING:
+    from webhook.kube.client import ApiClient
 
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 8081
@@ -47,7 +53,19 @@ def run_controllers(args: argparse.Namespace) -> int:
             if value is not None
         },
     )
-    return manager.run(options)
+    if args.report_interval == 0:
+        return manager.run(options)
+    from webhook.audit.background import ReportLoop  # the audit only when its reports are kept
+    from webhook.audit.schedule import Schedule
+
+    def reports(api: ApiClient, policy: Callable[[], Policy], stop: threading.Event) -> ReportLoop:
+        # The audit's PolicyReports kept current on the leader (README, "Audit"): hourly by default,
+        # and soon after each policy change.
+        return ReportLoop.for_cluster(
+            api, policy, stop=stop, schedule=Schedule(interval=args.report_interval)
+        )
+
+    return manager.run(options, [reports])
 
 
 def register(commands: output.Commands) -> None:
@@ -81,4 +99,11 @@ def register(commands: output.Commands) -> None:
         ("--retry-period", "how often the Lease is renewed or tried (default: 2)"),
     ):
         parser.add_argument(flag, type=float, metavar="SECONDS", help=meaning)
+    parser.add_argument(
+        "--report-interval",
+        type=inputs.seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how often the leader writes the audit's PolicyReports (and soon after each policy change); 0: never",
+    )
     parser.set_defaults(run=run_controllers)

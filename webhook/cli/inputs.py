@@ -296,3 +296,14 @@ def subject_name(value: str) -> str:
         return certfiles.check_subject_name(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def seconds(value: str) -> float:
+    """A duration option: seconds, 0 or more."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not number >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{value!r}: seconds are 0 or more")
+    return number

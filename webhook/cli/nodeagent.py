@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from webhook import logs
-from webhook.cli import output
+from webhook.cli import inputs, output
 
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 8082
@@ -22,13 +22,6 @@ def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
-    return value
-
-
-def _not_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
     return value
 
 
@@ -66,7 +59,7 @@ def register(commands: output.Commands) -> None:
     )
     parser.add_argument(
         "--confirm-seconds",
-        type=_not_negative,
+        type=inputs.seconds,
         default=30.0,
         metavar="SECONDS",
         help="how long a device must stay held but not allocatable before it is reported",

@@ -16,10 +16,10 @@ import signal
 import socket
 import threading
 import uuid
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from webhook import probes
 from webhook.controllers import series
@@ -59,6 +59,28 @@ class Options:
     retry_seconds: float = RETRY_SECONDS
 
 
+class Metrics(Protocol):
+    def render(self) -> str: ...
+
+
+class LeaderRunnable(Protocol):
+    """Work that runs on the leader only, beside the controllers, built by whoever composes the process
+    (`gpuguard controllers` adds the audit's report loop this way: controllers never import the audit)."""
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def policy_changed(self) -> None: ...
+
+
+# What builds a leader runnable: the API client, the live policy and the process's stop event in.
+RunnableFactory = Callable[[ApiClient, Callable[[], Policy], threading.Event], LeaderRunnable]
+
+
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
@@ -79,7 +101,9 @@ def _state(raw: dict[str, Any]) -> tuple[Hashable, dict[str, str]] | None:
 
 
 class ControllerManager:
-    def __init__(self, options: Options, stop: threading.Event) -> None:
+    def __init__(
+        self, options: Options, stop: threading.Event, leader_runnables: Sequence[RunnableFactory] = ()
+    ) -> None:
         self.options = options
         self.stop = stop
         self.lost_lease = False
@@ -133,7 +157,8 @@ class ControllerManager:
         self.nodes.on_change(self.node_health.node_changed)
         self.pods.on_change(self._pod_changed)
         self.state.on_snapshot(self._state_changed)
-        self.probes = probes.Probes(detail=self._detail, metrics=self.registry.render, status=self._status)
+        self.runnables = [build(api, lambda: self.store.policy, stop) for build in leader_runnables]
+        self.probes = probes.Probes(detail=self._detail, metrics=self._metrics, status=self._status)
         self.probes.add_readiness_check("caches", self.synced)
         self._policy_source(api)
         identity = options.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
@@ -199,6 +224,11 @@ class ControllerManager:
         if self.elector.leading:
             self.node_health.enqueue_all()
             self.pod_health.enqueue_all()
+            for runnable in self.runnables:
+                runnable.policy_changed()
+
+    def _metrics(self) -> str:
+        return self.registry.render() + "".join(runnable.metrics.render() for runnable in self.runnables)
 
     def _pod_changed(self, change: Change[PodFacts]) -> None:
         self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
@@ -254,6 +284,8 @@ class ControllerManager:
         self.pod_health.controller.start()
         self.node_health.enqueue_all()
         self.pod_health.enqueue_all()
+        for runnable in self.runnables:
+            runnable.start()
 
     def _lose(self) -> None:
         self.lost_lease = True
@@ -279,15 +311,17 @@ class ControllerManager:
         self.stop.set()
         self.node_health.controller.shutdown()
         self.pod_health.controller.shutdown()
+        for runnable in self.runnables:
+            runnable.shutdown()  # a finished run is kept; one never started has nothing to stop
         if not self.lost_lease:
             self.elector.release()
 
 
-def run(options: Options) -> int:
+def run(options: Options, leader_runnables: Sequence[RunnableFactory] = ()) -> int:
     import uvicorn  # the probes' server, only to run
 
     stop = threading.Event()
-    manager = ControllerManager(options, stop)
+    manager = ControllerManager(options, stop, leader_runnables)
     server = uvicorn.Server(
         uvicorn.Config(
             probes.create_app(manager.probes),
