@@ -215,13 +215,22 @@ def disruption_target(pod: dict[str, Any] | None) -> bool:
 
 
 def remove_hold(plane: ControlPlane, namespace: str, name: str) -> None:
-    """Takes the test's finalizer off the pod, and only it (the Job controller's stays), at the version read."""
-    pod = get_pod(plane, namespace, name)
-    if pod is None or HOLD not in (pod["metadata"].get("finalizers") or []):
-        return
-    rest = [f for f in pod["metadata"]["finalizers"] if f != HOLD]
-    patch = {"metadata": {"finalizers": rest, "resourceVersion": pod["metadata"]["resourceVersion"]}}
-    plane.kubectl("patch", "pod", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+    """Takes the test's finalizer off the pod, and only it (the Job controller's stays), at the version
+    read; read again when the pod changed meanwhile (the kubelet and the Job controller write it too)."""
+    for _ in range(20):
+        pod = get_pod(plane, namespace, name)
+        if pod is None or HOLD not in (pod["metadata"].get("finalizers") or []):
+            return
+        rest = [f for f in pod["metadata"]["finalizers"] if f != HOLD]
+        patch = {"metadata": {"finalizers": rest, "resourceVersion": pod["metadata"]["resourceVersion"]}}
+        result = plane.kubectl(
+            "patch", "pod", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch), check=False
+        )
+        if result.returncode == 0:
+            return
+        if "Conflict" not in result.stderr:
+            raise RuntimeError(result.stderr)
+    raise RuntimeError(f"pod {namespace}/{name} kept changing: its finalizer {HOLD} could not be removed")
 
 
 @pytest.fixture
