@@ -160,8 +160,22 @@ def test_the_curl_examples_against_a_server(tmp_path: Path) -> None:
 
 
 def table_keys() -> set[str]:
-    """The first cells of the README's tables, where they are code: rule ids, policy keys, paths."""
-    return set(re.findall(r"^\| `([^`]+)` \|", README.read_text(), re.MULTILINE))
+    """The code in the first cells of the README's tables: rule ids, policy keys, paths. A cell may name
+    several keys, later ones relative to the first (`a.b.c`, `.d`: a.b.d; `.e.f`: a.e.f)."""
+    found: set[str] = set()
+    for cell in re.findall(r"^\| ([^|]*`[^|]*) \|", README.read_text(), re.MULTILINE):
+        spans = re.findall(r"`([^`]+)`", cell)
+        if not spans:
+            continue
+        first = spans[0]
+        found.add(first)
+        for span in spans[1:]:
+            if span.startswith("."):
+                parts = span[1:].split(".")
+                found.add(".".join(first.split(".")[: -len(parts)] + parts))
+            else:
+                found.add(span)
+    return found
 
 
 def policy_keys(node: object, path: str = "") -> Iterator[str]:
