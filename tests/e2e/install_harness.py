@@ -224,7 +224,12 @@ def wait_for(
         raise TimeoutError(f"{exc}\n{logs}") from None
 
 
-def run_gpuguard(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+# A bound for a hung command, not a speed: with the machine's load average at 18 and a CPU hog beside the
+# suite, `certs rotate` (a Python start, the Kubernetes client's imports, a new CA key) took over 60 s.
+GPUGUARD_COMMAND_SECONDS = 180.0
+
+
+def run_gpuguard(*args: str, timeout: float = GPUGUARD_COMMAND_SECONDS) -> subprocess.CompletedProcess[str]:
     """The gpuguard command line, as a user runs it."""
     return subprocess.run(
         [sys.executable, "-m", "webhook", *args],
