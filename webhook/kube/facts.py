@@ -1,6 +1,13 @@
 """The cluster facts admission reads (PriorityClasses, namespace labels, nodes, DRA claims): one
 informer per resource, each converter keeping only the fields a rule reads, published as one
-`ClusterFacts` snapshot that requests read without locking."""
+`ClusterFacts` snapshot that requests read without locking.
+
+Nodes are most of a large cluster's objects and most of each object is what no rule reads (images,
+conditions, dozens of labels), so the node converter keeps what makes a node an accelerator node under
+the current policy (the policy's node labels it carries, the accelerator resources in its capacity),
+which is also what a message needs to say why; nodes alike share one value. When a new policy changes
+what makes an accelerator node, the nodes are listed again with a converter for it (`FactInformers`).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +16,14 @@ import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from kubernetes import client
-
-from webhook.kube.client import ResourceListWatch, metadata_of
+from webhook.kube.client import ApiClient, ResourceListWatch, collection, metadata_of
 from webhook.kube.informer import Converter, Informer
 from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo
+from webhook.policy.model import Accelerators, Policy
+
+# Distinct node values kept for sharing; far more than a fleet has (most are one of a handful), the
+# bound only matters if a policy names a label whose value is unique per node.
+MAX_SHARED_NODE_VALUES = 4096
 
 
 def priority_class(raw: dict[str, Any]) -> tuple[Hashable, PriorityClassInfo] | None:
@@ -36,16 +46,35 @@ def namespace_labels(raw: dict[str, Any]) -> tuple[Hashable, dict[str, str]] | N
     return (name, dict(labels) if isinstance(labels, dict) else {}) if isinstance(name, str) else None
 
 
-def node(raw: dict[str, Any]) -> tuple[Hashable, NodeInfo] | None:
-    metadata = metadata_of(raw)
-    name = metadata.get("name")
-    if not isinstance(name, str):
-        return None
-    labels = metadata.get("labels")
-    status = raw.get("status")
-    capacity = status.get("capacity") if isinstance(status, dict) else None
-    resources = tuple(sorted(capacity)) if isinstance(capacity, dict) else ()
-    return name, NodeInfo(dict(labels) if isinstance(labels, dict) else {}, resources)
+def node_converter(accelerators: Accelerators) -> Converter[NodeInfo]:
+    """A node reduced to what the rules read under `accelerators`: the node labels the policy names and
+    the accelerator resources of its capacity. Equal values are one shared object."""
+    label_keys = tuple(accelerators.nodeLabels)
+    shared: dict[tuple[tuple[tuple[str, str], ...], tuple[str, ...]], NodeInfo] = {}
+
+    def convert(raw: dict[str, Any]) -> tuple[Hashable, NodeInfo] | None:
+        metadata = metadata_of(raw)
+        name = metadata.get("name")
+        if not isinstance(name, str):
+            return None
+        labels = metadata.get("labels")
+        kept = {key: labels[key] for key in label_keys if key in labels} if isinstance(labels, dict) else {}
+        status = raw.get("status")
+        capacity = status.get("capacity") if isinstance(status, dict) else None
+        resources = (
+            tuple(sorted(r for r in capacity if accelerators.is_accelerator_resource(r)))
+            if isinstance(capacity, dict)
+            else ()
+        )
+        key = (tuple(kept.items()), resources)
+        value = shared.get(key)
+        if value is None:
+            if len(shared) >= MAX_SHARED_NODE_VALUES:
+                shared.clear()
+            value = shared[key] = NodeInfo(kept, resources)
+        return name, value
+
+    return convert
 
 
 def _device_classes(claim_spec: object) -> tuple[str, ...]:
@@ -100,26 +129,31 @@ class FactsPublisher:
         return publish
 
 
-def fact_informers(
-    api: client.ApiClient, facts: FactsPublisher, stop: threading.Event
-) -> list[Informer[Any]]:
-    core = client.CoreV1Api(api)
-    scheduling = client.SchedulingV1Api(api)
-    resource = client.ResourceV1Api(api)
-    specs: list[tuple[str, Callable[..., Any], Converter[Any]]] = [
-        ("priority_classes", scheduling.list_priority_class, priority_class),
-        ("namespace_labels", core.list_namespace, namespace_labels),
-        ("nodes", core.list_node, node),
-        ("claims", resource.list_resource_claim_for_all_namespaces, resource_claim),
-        (
-            "claim_templates",
-            resource.list_resource_claim_template_for_all_namespaces,
-            resource_claim_template,
-        ),
-    ]
-    informers: list[Informer[Any]] = []
-    for name, call, convert in specs:
-        informer: Informer[Any] = Informer(name, ResourceListWatch(call), convert, stop=stop)
-        informer.on_snapshot(facts.publisher(name))
-        informers.append(informer)
-    return informers
+class FactInformers:
+    """The informers behind `ClusterFacts`, one per lookup, and the node converter's policy."""
+
+    def __init__(self, api: ApiClient, facts: FactsPublisher, stop: threading.Event, policy: Policy) -> None:
+        self.accelerators = policy.accelerators
+        specs: list[tuple[str, str, Converter[Any]]] = [
+            ("priority_classes", "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class),
+            ("namespace_labels", "/api/v1/namespaces", namespace_labels),
+            ("nodes", "/api/v1/nodes", node_converter(self.accelerators)),
+            ("claims", "/apis/resource.k8s.io/v1/resourceclaims", resource_claim),
+            ("claim_templates", "/apis/resource.k8s.io/v1/resourceclaimtemplates", resource_claim_template),
+        ]
+        self.informers: list[Informer[Any]] = []
+        for name, path, convert in specs:
+            informer: Informer[Any] = Informer(
+                name, ResourceListWatch(collection(api, path)), convert, stop=stop
+            )
+            informer.on_snapshot(facts.publisher(name))
+            self.informers.append(informer)
+        self.nodes: Informer[NodeInfo] = self.informers[2]
+
+    def policy_loaded(self, policy: Policy) -> None:
+        """Lists the nodes again when the new policy changes what makes an accelerator node; until that
+        list is read, admission judges nodes by what the previous policy kept."""
+        if policy.accelerators == self.accelerators:
+            return
+        self.accelerators = policy.accelerators
+        self.nodes.reconvert(node_converter(policy.accelerators))

@@ -7,9 +7,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from kubernetes import client
-
-from webhook.kube.client import ResourceListWatch, metadata_of
+from webhook.kube.client import ApiClient, ResourceListWatch, collection, metadata_of
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Informer
 
@@ -19,7 +17,7 @@ class PolicyConfigMap:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         namespace: str,
         name: str,
         *,
@@ -36,8 +34,7 @@ class PolicyConfigMap:
         self.uid = ""
         self._last: str | bool | None = False  # False: nothing seen yet
         source = ResourceListWatch(
-            client.CoreV1Api(api).list_namespaced_config_map,
-            namespace=namespace,
+            collection(api, f"/api/v1/namespaces/{namespace}/configmaps"),
             field_selector=f"metadata.name={name}",
         )
         self.informer: Informer[str | None] = Informer("policy ConfigMap", source, self._convert, stop=stop)

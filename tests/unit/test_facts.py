@@ -1,0 +1,105 @@
+"""The converters behind the cluster facts: a node is kept as what the rules read under the policy.
+
+A GPU fleet's Node is ~11 KB (dozens of labels, cached images, conditions); the guard reads whether it
+is an accelerator node and why. These tests pin that down, and that a policy changing what makes an
+accelerator node lists the nodes again with a converter for it, while any other policy change does not.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kubernetes.client import ApiClient, Configuration
+
+from webhook.kube import facts
+from webhook.kube.informer import Converter
+from webhook.policy.facts import ClusterFacts, NodeInfo
+from webhook.policy.model import default_policy, parse_policy
+from webhook.policy.rules import accelerator_node_reasons
+from webhook.policy.workload import locate
+
+DEFAULT = default_policy()
+
+
+def fleet_node(name: str, *, gpu: bool = True, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    base = {f"feature.node.kubernetes.io/cpu-cpuid.X{i:02d}": "true" for i in range(30)}
+    base |= {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": "us-east-1a"}
+    if gpu:
+        base |= {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    capacity = {"cpu": "192", "memory": "2Ti", "pods": "110"} | ({"nvidia.com/gpu": "8"} if gpu else {})
+    return {
+        "metadata": {"name": name, "labels": base | (labels or {})},
+        "status": {
+            "capacity": capacity,
+            "images": [{"names": [f"nvcr.io/ml/image-{i}:1"], "sizeBytes": i} for i in range(40)],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def test_a_node_keeps_only_what_makes_it_an_accelerator_node() -> None:
+    convert = facts.node_converter(DEFAULT.accelerators)
+    assert convert(fleet_node("gpu-1")) == (
+        "gpu-1",
+        NodeInfo(
+            {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            ("nvidia.com/gpu",),
+        ),
+    )
+    assert convert(fleet_node("cpu-1", gpu=False)) == ("cpu-1", NodeInfo({}, ()))
+
+
+def test_nodes_alike_share_one_value() -> None:
+    convert = facts.node_converter(DEFAULT.accelerators)
+    values = [
+        convert(fleet_node(f"gpu-{i}", labels={"kubernetes.io/hostname": f"gpu-{i}"})) for i in range(3)
+    ]
+    assert len({id(value) for _, value in (v for v in values if v is not None)}) == 1
+
+
+def test_malformed_nodes_are_kept_as_plain_nodes_or_skipped() -> None:
+    convert = facts.node_converter(DEFAULT.accelerators)
+    assert convert({"metadata": {"name": "odd", "labels": ["x"]}, "status": {"capacity": 7}}) == (
+        "odd",
+        NodeInfo({}, ()),
+    )
+    assert convert({"metadata": {}}) is None
+
+
+def test_the_rule_says_the_same_of_a_kept_node_as_of_the_whole_one() -> None:
+    pod = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}, "spec": {"nodeName": "gpu-1"}}
+    workload = locate(pod, namespace="team")
+    assert workload is not None
+    raw = fleet_node("gpu-1")
+    whole = NodeInfo(raw["metadata"]["labels"], tuple(sorted(raw["status"]["capacity"])))
+    converted = facts.node_converter(DEFAULT.accelerators)(raw)
+    assert converted is not None
+    for node in (whole, converted[1]):
+        assert accelerator_node_reasons(workload, DEFAULT, ClusterFacts(nodes={"gpu-1": node})) == [
+            "nodeName gpu-1"
+        ]
+
+
+class _Recorded(facts.FactInformers):
+    def __init__(self) -> None:
+        publisher = facts.FactsPublisher(get=ClusterFacts, put=lambda _: None)
+        super().__init__(ApiClient(Configuration()), publisher, threading.Event(), DEFAULT)
+        self.reconverted: list[NodeInfo | None] = []
+        self.nodes.reconvert = self._reconvert  # type: ignore[method-assign]
+
+    def _reconvert(self, convert: Converter[NodeInfo]) -> bool:
+        converted = convert(fleet_node("fpga-1", gpu=False, labels={"example.com/fpga": "true"}))
+        self.reconverted.append(converted[1] if converted else None)
+        return True
+
+
+def test_only_a_policy_that_changes_accelerator_nodes_lists_them_again() -> None:
+    informers = _Recorded()
+    informers.policy_loaded(parse_policy("mode: warn\n"))
+    assert informers.reconverted == []
+    labels = [*DEFAULT.accelerators.nodeLabels, "example.com/fpga"]
+    informers.policy_loaded(parse_policy(f"accelerators:\n  nodeLabels: {labels}\n"))
+    assert informers.reconverted == [NodeInfo({"example.com/fpga": "true"}, ())]
+    informers.policy_loaded(parse_policy(f"accelerators:\n  nodeLabels: {labels}\nmode: audit\n"))
+    assert len(informers.reconverted) == 1
