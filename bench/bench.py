@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -173,6 +173,21 @@ def _free_port() -> int:
         return port
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter(Protocol):
+    """A process of the bench's own whose CPU is not other processes' load: a server, the API server."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def cpu_seconds(self) -> float: ...
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -201,8 +216,7 @@ class Server:
         return self.proc is not None and self.proc.poll() is None
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return process_cpu_seconds(self.pid)
 
     def url(self, path: str) -> str:
         return f"https://127.0.0.1:{self.port}{path}"
@@ -323,7 +337,7 @@ class IdleConnection:
         return self.outcome
 
 
-def _busy_seconds() -> tuple[float, float]:
+def busy_seconds() -> tuple[float, float]:
     """(CPU seconds all processes used, seconds the hypervisor stole) since boot, from /proc/stat."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
@@ -331,7 +345,7 @@ def _busy_seconds() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
-def _own_seconds() -> float:
+def own_seconds() -> float:
     """CPU seconds of the bench, its servers and load generators (children count once waited for)."""
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
@@ -340,30 +354,35 @@ def _own_seconds() -> float:
     return total
 
 
+def _ours(servers: Sequence[CpuMeter]) -> float:
+    """CPU seconds of the bench and of its long-running processes, which no wait collects."""
+    return own_seconds() + sum(server.cpu_seconds() for server in servers if server.running)
+
+
 @contextmanager
-def other_load(servers: list[Server], out: list[float]) -> Iterator[None]:
+def other_load(servers: Sequence[CpuMeter], out: list[float]) -> Iterator[None]:
     """Appends the share of a core that processes other than the bench's used while the block ran."""
-
-    def ours() -> float:
-        return _own_seconds() + sum(server.cpu_seconds() for server in servers if server.running)
-
-    busy, own, started = _busy_seconds()[0], ours(), time.monotonic()
+    busy, own, started = busy_seconds()[0], _ours(servers), time.monotonic()
     yield
-    other = (_busy_seconds()[0] - busy) - (ours() - own)
+    other = (busy_seconds()[0] - busy) - (_ours(servers) - own)
     out.append(max(0.0, other) / (time.monotonic() - started))
 
 
 def wait_for_quiet(
-    limit_s: float, say: Callable[[str], None], window_s: float = 5.0, share: float = 0.1
+    limit_s: float,
+    say: Callable[[str], None],
+    window_s: float = 5.0,
+    share: float = 0.1,
+    servers: Sequence[CpuMeter] = (),
 ) -> None:
     """Waits (at most `limit_s`) for `window_s` during which other processes use under `share` of a core:
     the servers are pinned, but nothing keeps the machine's other work off their core."""
     deadline = time.monotonic() + limit_s
     while True:
-        busy, _ = _busy_seconds()
-        own = _own_seconds()
+        busy, _ = busy_seconds()
+        own = _ours(servers)
         time.sleep(window_s)
-        other = (_busy_seconds()[0] - busy) - (_own_seconds() - own)
+        other = (busy_seconds()[0] - busy) - (_ours(servers) - own)
         if other < share * window_s:
             return
         if time.monotonic() >= deadline:
@@ -373,20 +392,26 @@ def wait_for_quiet(
 
 
 def quietly(
-    servers: list[Server], say: Callable[[str], None], what: str, measure: Callable[[], T]
+    servers: Sequence[CpuMeter],
+    say: Callable[[str], None],
+    what: str,
+    measure: Callable[[], T],
+    wait_s: float = 120,
+    attempts: int = 3,
 ) -> tuple[T, float]:
-    """`measure()` and the share of a core other processes took meanwhile, the least disturbed of up to 3."""
+    """`measure()` and the share of a core other processes took meanwhile, the least disturbed of up to
+    `attempts`."""
     best: tuple[T, float] | None = None
-    for attempt in range(3):
+    for attempt in range(attempts):
         noise: list[float] = []
         with other_load(servers, noise):
             result = measure()
         if best is None or noise[0] < best[1]:
             best = (result, noise[0])
-        if noise[0] <= NOISE_LIMIT or attempt == 2:
+        if noise[0] <= NOISE_LIMIT or attempt == attempts - 1:
             break
         say(f"{what}: other processes took {noise[0]:.0%} of a core; again once the machine is quiet")
-        wait_for_quiet(120, say)
+        wait_for_quiet(wait_s, say, servers=servers)
     assert best is not None
     return best
 
@@ -466,8 +491,8 @@ def _median_load(runs: list[Load]) -> Load:
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
     began = time.perf_counter()
-    busy_before, steal_before = _busy_seconds()
-    own_before = _own_seconds()
+    busy_before, steal_before = busy_seconds()
+    own_before = own_seconds()
     results = Results()
     work = Path(tempfile.mkdtemp(prefix="gpuguard-bench-"))
     certs = work / "certs"
@@ -671,8 +696,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
         else:
             say(f"kept {work}")
     results.seconds = time.perf_counter() - began
-    busy_after, steal_after = _busy_seconds()
-    results.other_cpu_s = max(0.0, busy_after - busy_before - (_own_seconds() - own_before))
+    busy_after, steal_after = busy_seconds()
+    results.other_cpu_s = max(0.0, busy_after - busy_before - (own_seconds() - own_before))
     results.steal_s = steal_after - steal_before
     return results
 
@@ -684,15 +709,15 @@ def _size(n: int) -> str:
     return f"{n / 1024 / 1024:.2f} MB" if n >= 1024 * 1024 * 0.9 else f"{n / 1024:.1f} KB"
 
 
-def _ms(value: float) -> str:
+def fmt_ms(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
 def _lat(load: Load | None) -> str:
-    return "—" if load is None else f"{_ms(load.p50_ms)} / {_ms(load.p99_ms)}"
+    return "—" if load is None else f"{fmt_ms(load.p50_ms)} / {fmt_ms(load.p99_ms)}"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
@@ -722,7 +747,7 @@ def _noise(results: Results, key: str) -> str:
 
 
 def _lat_p99(load: Load | None) -> str:
-    return "—" if load is None else f"{_ms(load.p99_ms)} ms"
+    return "—" if load is None else f"{fmt_ms(load.p99_ms)} ms"
 
 
 def floors(results: Results) -> list[tuple[str, str, bool]]:
@@ -741,12 +766,12 @@ def floors(results: Results) -> list[tuple[str, str, bool]]:
         ),
         (
             f"p99 ≤ {FLOOR_C1_P99_MS:g} ms at concurrency 1 ({GPU_POD})",
-            f"{_ms(row.guard_c1.p99_ms)} ms (echo {_ms(row.echo_c1.p99_ms)} ms){_noise(results, 'c1')}",
+            f"{fmt_ms(row.guard_c1.p99_ms)} ms (echo {fmt_ms(row.echo_c1.p99_ms)} ms){_noise(results, 'c1')}",
             row.guard_c1.p99_ms <= FLOOR_C1_P99_MS,
         ),
         (
             f"p99 ≤ {FLOOR_RATE_P99_MS:g} ms at {RATE:,} req/s ({GPU_POD})",
-            f"{_ms(row.rate.p99_ms)} ms at {row.rate.rps:,.0f} req/s (echo {_lat_p99(results.echo_rate)})"
+            f"{fmt_ms(row.rate.p99_ms)} ms at {row.rate.rps:,.0f} req/s (echo {_lat_p99(results.echo_rate)})"
             f"{_noise(results, 'rate')}",
             row.rate.p99_ms <= FLOOR_RATE_P99_MS and row.rate.errors == 0,
         ),
@@ -787,7 +812,7 @@ def floors(results: Results) -> list[tuple[str, str, bool]]:
     checks.append(
         (
             f"{OVERRIDES:,} namespace overrides cost nothing (c=1 p50 within {POLICY_TOLERANCE}x)",
-            f"{policy_ratio:.2f}x ({_ms(results.policy_overrides.p50_ms)} vs {_ms(results.policy_default.p50_ms)} ms)",
+            f"{policy_ratio:.2f}x ({fmt_ms(results.policy_overrides.p50_ms)} vs {fmt_ms(results.policy_default.p50_ms)} ms)",
             policy_ratio <= POLICY_TOLERANCE,
         )
     )
@@ -798,7 +823,7 @@ def report(results: Results, command: str) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     py = platform.python_version()
     lines = [
-        f"Run {now} on {platform.node() or 'localhost'}: {_cpu_model()}, {os.cpu_count()} cores, "
+        f"Run {now} on {platform.node() or 'localhost'}: {cpu_model()}, {os.cpu_count()} cores, "
         f"{platform.system()} {platform.release()}; Python {py}, {_version(['wrk', '--version'])}, "
         f"hey (Debian {_version(['dpkg-query', '-W', '-f=${Version}', 'hey'])}). "
         f"Servers pinned to core {SERVER_CORE}, load generators to core {LOAD_CORE}; HTTPS (TLS 1.3, ECDSA P-256), "
@@ -814,7 +839,7 @@ def report(results: Results, command: str) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in results.rows.values():
-        storm = "—" if row.storm is None else f"{row.storm.errors}, {_ms(row.storm.p99_ms)}"
+        storm = "—" if row.storm is None else f"{row.storm.errors}, {fmt_ms(row.storm.p99_ms)}"
         lines.append(
             f"| {row.label} | {_size(row.size)} | {row.echo_rps:,.0f} | {row.guard_rps:,.0f} | {row.ratio:.2f}x "
             f"| {row.echo_cpu_us:,.0f} / {row.guard_cpu_us:,.0f} ({row.cpu_ratio:.2f}x) "
@@ -847,7 +872,7 @@ def report(results: Results, command: str) -> str:
             marginal = f"{(own - previous[1]) * 1000 / ((size - previous[0]) / 1024):.1f} µs"
         previous = (size, own)
         lines.append(
-            f"| {_size(size)} | {_lat(echo_load)} | {_lat(guard_load)} | {_ms(own)} ms | {marginal} |"
+            f"| {_size(size)} | {_lat(echo_load)} | {_lat(guard_load)} | {fmt_ms(own)} ms | {marginal} |"
         )
     assert results.policy_default is not None and results.policy_overrides is not None
     lines += [

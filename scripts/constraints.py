@@ -3,17 +3,19 @@ virtualenv (its `dependencies` and theirs, extras followed, dev tools left out),
 installs. Run it after changing pyproject.toml or upgrading the venv; `--check` only compares.
 
     python scripts/constraints.py [--check]
+
+Started by a Python that does not have gpuguard installed (outside the venv), it runs itself again with
+the dev virtualenv's Python (.venv, or $GPUGUARD_VENV as scripts/venv.sh names it).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
+import os
 import sys
 from pathlib import Path
-
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints.txt"
@@ -23,8 +25,27 @@ HEADER = (
 )
 
 
+def _run_in_the_venv() -> None:
+    """Re-executes this script with the virtualenv's Python unless this one has gpuguard and packaging."""
+    try:
+        importlib.metadata.distribution("gpuguard")
+        if importlib.util.find_spec("packaging") is not None:
+            return
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    venv = ROOT / os.environ.get("GPUGUARD_VENV", ".venv")
+    python = venv / "bin" / "python"
+    if not python.exists() or Path(sys.prefix).resolve() == venv.resolve():
+        sys.exit(f"{Path(__file__).name}: gpuguard is not installed in {venv}: run `. scripts/venv.sh` first")
+    os.execv(python, [str(python), __file__, *sys.argv[1:]])
+
+
 def runtime_closure(project: str = "gpuguard") -> dict[str, str]:
     """{distribution name: installed version} for `project`'s runtime requirements, transitively."""
+    # packaging is in the virtualenv, maybe not beside the Python that started this script.
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
     pins: dict[str, str] = {}
     seen: set[tuple[str, frozenset[str]]] = set()
     pending = [(project, frozenset[str]())]
@@ -53,6 +74,7 @@ def render(pins: dict[str, str]) -> str:
 
 
 def main() -> int:
+    _run_in_the_venv()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when constraints.txt is out of date")
     args = parser.parse_args()

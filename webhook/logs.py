@@ -23,7 +23,20 @@ class JSONFormatter(logging.Formatter):
             line.update(fields)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+        try:
+            return orjson.dumps(line, default=str).decode()
+        except (TypeError, orjson.JSONEncodeError):
+            # A field orjson cannot write (nested past its depth limit, say): the line still goes out,
+            # that field described instead of lost with the rest.
+            return orjson.dumps({key: _writable(value) for key, value in line.items()}, default=str).decode()
+
+
+def _writable(value: Any) -> Any:
+    try:
+        orjson.dumps(value, default=str)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        return f"<not written: {exc}>"
+    return value
 
 
 def configure(level: int = logging.INFO) -> None:

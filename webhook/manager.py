@@ -8,6 +8,7 @@ the Kubernetes client with cluster access, `cryptography` only to generate or ro
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import threading
@@ -19,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 from webhook import probes
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
-from webhook.policy.model import Policy, default_policy, parse_policy
-from webhook.policy_store import FileWatcher, PolicyStore
+from webhook.policy import drivers
+from webhook.policy.model import CONFIGMAP_KEY, Policy, default_policy, parse_policy
+from webhook.policy_store import FileWatcher, PolicyStore, policy_text
 
 if TYPE_CHECKING:
     import uvicorn
@@ -28,8 +30,6 @@ if TYPE_CHECKING:
     from webhook.certs import controller as certificates
     from webhook.kube.client import ApiClient
     from webhook.kube.informer import Informer
-
-CONFIGMAP_KEY = "policy.yaml"
 
 log = logging.getLogger("gpuguard.manager")
 
@@ -52,10 +52,12 @@ class Options:
     certificates: certificates.Settings | None = None
 
 
-def _initial_policy(options: Options) -> tuple[Policy, str]:
+def _initial_policy(options: Options) -> tuple[Policy, str, bytes]:
+    """The policy to start with, its source, and the file's bytes it was read from (b"" without one)."""
     if options.policy_file is not None:
-        return parse_policy(options.policy_file.read_text(encoding="utf-8")), f"file {options.policy_file}"
-    return default_policy(), "embedded default"
+        data = options.policy_file.read_bytes()
+        return parse_policy(policy_text(data)), f"file {options.policy_file}", data
+    return default_policy(), "embedded default", b""
 
 
 def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threading.Event) -> None:
@@ -155,15 +157,20 @@ def _probes(state: State) -> probes.Probes:
             "unavailableLookups": list(state.facts.unavailable),
         }
 
-    return probes.Probes(
-        detail=lambda: f"policy={state.policy.hash}",
-        metrics=lambda: state.metrics.render(state.store.status()),
-        status=status,
-    )
+    def metrics() -> str:
+        nodes = state.facts.nodes
+        pools = (
+            None
+            if nodes is None
+            else drivers.summarise(nodes, state.policy.rules.driverCompatibility.nodeLabels)
+        )
+        return state.metrics.render(state.store.status(), pools)
+
+    return probes.Probes(detail=lambda: f"policy={state.policy.hash}", metrics=metrics, status=status)
 
 
 def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, State]:
-    policy, source = _initial_policy(options)
+    policy, source, policy_bytes = _initial_policy(options)
     state = State(PolicyStore(policy, source=source))
     health = _probes(state)
     api = None
@@ -174,7 +181,10 @@ def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, Stat
     if api is not None and (options.cluster or options.policy_configmap):
         _connect_cluster(api, options, state, stop)
     if options.policy_file is not None:
-        FileWatcher(options.policy_file, state.store, stop).thread.start()
+        watcher = FileWatcher(options.policy_file, state.store, stop, loaded=policy_bytes)
+        watcher.thread.start()
+        # Not ready without it: a replica that no longer sees edits would miss the kill switch too.
+        health.add_readiness_check("policy file", watcher.thread.is_alive)
     app = AdmissionApp(state, probes.create_app(health))
     if api is None or options.certificates is None:
         return https_server(
@@ -199,10 +209,30 @@ def _exit_cleanly(signum: int, _: object) -> None:
     raise SystemExit(0)
 
 
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def _return_large_buffers_to_the_system() -> None:
+    """Makes glibc serve every allocation above 128 KiB (request bodies) from its own mapping.
+
+    By default glibc raises that threshold the first time such a block is freed, and later large
+    bodies then come from the heap, which fragments and never shrinks: a burst of big requests left
+    the resident size where the burst took it. With the threshold fixed, it returns when they end.
+    Small allocations (a typical review) are unaffected. Elsewhere than glibc this does nothing.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        log.info("mallopt unavailable; large request buffers stay with the allocator")
+
+
 def serve(options: Options) -> None:
     # uvicorn drains requests on SIGTERM, then re-raises the signal to the handler it found: make that
     # handler a clean exit, so a normal pod stop ends with status 0 rather than "killed by SIGTERM".
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    _return_large_buffers_to_the_system()
     stop = threading.Event()
     server, _ = build(options, stop)
     try:

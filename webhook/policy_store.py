@@ -2,7 +2,9 @@
 
 A source (a mounted file, a watched ConfigMap) offers text; a valid, different policy is swapped in
 whole, an invalid one is refused with the error logged, counted and reported, and the active policy
-stays. A source that disappears leaves the active policy in place.
+stays. Anything that goes wrong reading or parsing a policy is such a refusal: a source never dies of
+what it reads, because a dead source would silently ignore every later edit, the `enabled: false` kill
+switch included. A source that disappears leaves the active policy in place.
 """
 
 from __future__ import annotations
@@ -56,16 +58,11 @@ class PolicyStore:
         try:
             policy = parse_policy(text)
         except PolicyError as exc:
-            with self._lock:
-                self.errors += 1
-                self.last_error = str(exc)
-            log.error(
-                "refused policy from %s; keeping policy %s",
-                source,
-                self.policy.hash,
-                extra={"fields": {"error": str(exc), "source": source}},
-            )
-            self.on_error(str(exc))
+            self.refuse(str(exc), source=source)
+            return False
+        except Exception as exc:  # a bug in parsing must not take the source down with it
+            log.exception("policy from %s could not be parsed", source)
+            self.refuse(f"policy could not be parsed: {type(exc).__name__}: {exc}", source=source)
             return False
         with self._lock:
             self.last_error = None
@@ -76,26 +73,77 @@ class PolicyStore:
         self.on_loaded(policy)
         return True
 
+    def refuse(self, error: str, *, source: str) -> None:
+        """Records a policy from `source` that could not be used; the active one stays."""
+        with self._lock:
+            self.errors += 1
+            self.last_error = error
+        log.error(
+            "refused policy from %s; keeping policy %s",
+            source,
+            self.policy.hash,
+            extra={"fields": {"error": error, "source": source}},
+        )
+        self.on_error(error)
+
+
+def policy_text(data: bytes) -> str:
+    """A policy file's bytes as text; PolicyError when they cannot be a policy file.
+
+    An empty file is refused rather than read as "every default": a truncate-then-write edit in place
+    passes through empty, and a replica must never serve the defaults because it looked at that moment.
+    `{}` is the policy that takes every default.
+    """
+    if not data.strip():
+        raise PolicyError("policy file is empty (an edit still being written?); write {} for the defaults")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"policy file is not UTF-8 text: {exc}") from exc
+
 
 class FileWatcher:
-    """Re-reads a policy file (for example a mounted ConfigMap, updated by symlink swap) when it changes."""
+    """Re-reads a policy file (for example a mounted ConfigMap, updated by symlink swap) when it changes.
 
-    def __init__(self, path: Path, store: PolicyStore, stop: threading.Event) -> None:
+    A change is taken once the file has read the same on two polls in a row, so a file rewritten in place
+    is never offered half-written; a mounted ConfigMap swaps whole and is simply taken a poll later.
+    """
+
+    def __init__(self, path: Path, store: PolicyStore, stop: threading.Event, *, loaded: bytes) -> None:
         self.path = path
         self.store = store
         self.stop = stop
-        self._last = self._read()
+        self.source = f"file {path}"
+        self._offered: bytes | None = loaded  # what the store was last given, by bytes
+        self._seen: bytes | None = loaded  # what the previous poll read
         self.thread = threading.Thread(target=self._run, name="policy-file", daemon=True)
 
-    def _read(self) -> str | None:
+    def _read(self) -> bytes | None:
         try:
-            return self.path.read_text(encoding="utf-8")
+            return self.path.read_bytes()
         except OSError:
             return None
 
+    def poll(self) -> None:
+        """One look at the file: offers it when it changed and has settled since the previous look."""
+        data, previous = self._read(), self._seen
+        self._seen = data
+        if data == self._offered or data != previous:
+            return
+        self._offered = data
+        if data is None:
+            self.store.offer(None, source=self.source)
+            return
+        try:
+            text = policy_text(data)
+        except PolicyError as exc:
+            self.store.refuse(str(exc), source=self.source)
+            return
+        self.store.offer(text, source=self.source)
+
     def _run(self) -> None:
         while not self.stop.wait(FILE_POLL_SECONDS):
-            text = self._read()
-            if text != self._last:
-                self._last = text
-                self.store.offer(text, source=f"file {self.path}")
+            try:
+                self.poll()
+            except Exception:  # keep watching: the next edit may be the kill switch
+                log.exception("policy file %s: poll failed", self.path)

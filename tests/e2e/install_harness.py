@@ -57,9 +57,9 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     return matches[0]
 
 
-def service_account_kubeconfig(plane: ControlPlane, path: Path) -> Path:
+def service_account_kubeconfig(plane: ControlPlane, path: Path, namespace: str = NAMESPACE) -> Path:
     """A kubeconfig for the API server that authenticates as the gpuguard ServiceAccount (TokenRequest)."""
-    token = plane.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=2h").stdout.strip()
+    token = plane.kubectl("create", "token", SERVICE_ACCOUNT, "-n", namespace, "--duration=2h").stdout.strip()
     config = json.loads(plane.kubeconfig.read_text())
     config["users"] = [{"name": SERVICE_ACCOUNT, "user": {"token": token}}]
     config["contexts"] = [{"name": "sa", "context": {"cluster": "e2e", "user": SERVICE_ACCOUNT}}]
@@ -68,8 +68,8 @@ def service_account_kubeconfig(plane: ControlPlane, path: Path) -> Path:
     return path
 
 
-def read_secret(plane: ControlPlane) -> tls.Material:
-    raw = plane.kubectl_json("get", "secret", SECRET, "-n", NAMESPACE)
+def read_secret(plane: ControlPlane, namespace: str = NAMESPACE) -> tls.Material:
+    raw = plane.kubectl_json("get", "secret", SECRET, "-n", namespace)
     return tls.Material.from_secret_data({k: base64.b64decode(v) for k, v in raw["data"].items()})
 
 
@@ -91,20 +91,23 @@ def ca_bundles(plane: ControlPlane) -> dict[str, list[x509.Certificate]]:
 def route_to(
     plane: ControlPlane, urls: Mapping[str, str], *, failure_policy: str, namespace_label: str
 ) -> None:
-    """Points each webhook configuration at a URL (a replica on loopback) instead of the Service, sets its
-    failurePolicy, and narrows it to namespaces carrying `namespace_label`=true, so the rest of the suite
-    never meets it. Everything else (rules, matchConditions, exclusions) stays as deploy/ has it."""
+    """Points every webhook of each configuration at a URL (a replica on loopback) instead of the Service,
+    sets its failurePolicy, and narrows it to namespaces carrying `namespace_label`=true, so the rest of the
+    suite never meets it. Everything else (rules, matchConditions, exclusions) stays as deploy/ has it."""
     for kind in CONFIGURATION_KINDS:
-        operations = [
-            {"op": "remove", "path": "/webhooks/0/clientConfig/service"},
-            {"op": "add", "path": "/webhooks/0/clientConfig/url", "value": urls[kind]},
-            {"op": "replace", "path": "/webhooks/0/failurePolicy", "value": failure_policy},
-            {
-                "op": "add",
-                "path": "/webhooks/0/namespaceSelector/matchLabels",
-                "value": {namespace_label: "true"},
-            },
-        ]
+        webhooks = plane.kubectl_json("get", kind, CONFIGURATION)["webhooks"]
+        operations = []
+        for index in range(len(webhooks)):
+            operations += [
+                {"op": "remove", "path": f"/webhooks/{index}/clientConfig/service"},
+                {"op": "add", "path": f"/webhooks/{index}/clientConfig/url", "value": urls[kind]},
+                {"op": "replace", "path": f"/webhooks/{index}/failurePolicy", "value": failure_policy},
+                {
+                    "op": "add",
+                    "path": f"/webhooks/{index}/namespaceSelector/matchLabels",
+                    "value": {namespace_label: "true"},
+                },
+            ]
         plane.kubectl("patch", kind, CONFIGURATION, "--type=json", "-p", json.dumps(operations))
 
 
@@ -127,6 +130,7 @@ class Replica:
         secret: str = SECRET,
         webhook_config: str | None = CONFIGURATION,
         rotation_delay: float = 300.0,
+        namespace: str = NAMESPACE,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         (self.port,) = free_ports(1)
@@ -140,9 +144,9 @@ class Replica:
             f"--port={self.port}",
             f"--cert-dir={workdir / 'certs'}",
             f"--kubeconfig={kubeconfig}",
-            f"--tls-secret={NAMESPACE}/{secret}",
+            f"--tls-secret={namespace}/{secret}",
             f"--service={SERVICE}",
-            f"--policy-configmap={NAMESPACE}/{POLICY_CONFIGMAP}",
+            f"--policy-configmap={namespace}/{POLICY_CONFIGMAP}",
             "--cluster-lookups=on",
             f"--rotation-delay={rotation_delay}",
         ]

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -638,3 +640,72 @@ def test_unreachable_api_warning_says_decisions_fell_back(cut_off: WebhookProces
     (warning,) = unavailable(gpu["warnings"])
     assert "decided from the policy alone" in warning, warning
     assert "(all)" in warning, warning  # every lookup is down: the warning says so in a word
+
+
+# --- offline with --facts: the server's answer -----------------------------------------------------------
+
+
+def offline_answer(
+    tmp_path: Path, endpoint: str, review: dict[str, Any], *, policy: Path, facts: Path
+) -> dict[str, Any]:
+    """`gpuguard review` with the live policy and a `kubectl get ... -o yaml` of the cluster: no server."""
+    body = tmp_path / f"review-{review['request']['uid']}.json"
+    body.write_text(json.dumps(review))
+    flags = ["--validate"] if endpoint == "/validate" else []
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "gpuguard"),
+            "review",
+            *flags,
+            str(body),
+            "--policy",
+            str(policy),
+            "--facts",
+            str(facts),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode in (0, 1), result.stderr
+    response: dict[str, Any] = json.loads(result.stdout)["response"]
+    return response
+
+
+def test_offline_answers_with_the_clusters_facts_are_the_servers(
+    control_plane: ControlPlane, cluster: Cluster, live: LiveWebhook, tmp_path: Path
+) -> None:
+    research = live.namespace("offline-research", {TEAM_LABEL: "research"})
+    plain = live.namespace("offline-plain")
+    pod_in_research = as_admitted(gpu_pod("gpu", research))
+    # The server must have seen the new namespace's labels (a watch event) before answering for it.
+    live.process.wait(
+        lambda: "patch" not in answer(live.process, "/mutate", pod_in_research),  # audit: nothing changed
+        what="the research namespace's labels in gpuguard's cache",
+    )
+    facts = tmp_path / "facts.yaml"
+    facts.write_text(control_plane.kubectl("get", "priorityclasses,namespaces,nodes", "-o", "yaml").stdout)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(facts_policy(cluster.never))
+    cases = [
+        ("/mutate", as_admitted(gpu_pod("gpu", plain))),  # the cluster's class, value and preemption policy
+        ("/mutate", pod_in_research),  # audit, chosen by the namespace's labels
+        ("/validate", on_node("bound", plain, cluster.gpu_node)),  # an accelerator node, by its labels
+        ("/validate", on_node("capacity", plain, cluster.capacity_node)),  # ... by its capacity
+        ("/validate", pinned_deployment("low", plain, cluster.low)),  # a class judged by its cluster value
+        ("/validate", pinned_deployment("high", plain, cluster.high)),
+    ]
+    for endpoint, obj in cases:
+        review = admission_review(obj)
+        served = live.process.request_json("POST", endpoint, review)["response"]
+        assert offline_answer(tmp_path, endpoint, review, policy=policy, facts=facts) == served, obj[
+            "metadata"
+        ]
+    # The facts decided: without them, the offline answers differ.
+    review = admission_review(on_node("bound", plain, cluster.gpu_node))
+    denied = live.process.request_json("POST", "/validate", review)["response"]
+    assert denied["allowed"] is False
+    without = tmp_path / "nothing.yaml"
+    without.write_text("apiVersion: v1\nkind: List\nitems: []\n")
+    assert offline_answer(tmp_path, "/validate", review, policy=policy, facts=without)["allowed"] is True

@@ -239,6 +239,9 @@ def test_configmap_edit_switches_rule_from_enforce_to_audit(
             ["rules.gracefulTermination", "preStop.seconds (90)", "minGracePeriodSeconds (60)"],
             id="prestop-longer-than-grace",
         ),
+        # Once raised out of the reload path as a RecursionError, logged as a lookup warning only.
+        pytest.param("a: " + "[" * 20_000 + "]" * 20_000 + "\n", ["nests deeper than 32"], id="deep-yaml"),
+        pytest.param("enabled: 'no'\n", ["enabled", "valid boolean"], id="string-kill-switch"),
     ],
 )
 def test_invalid_edit_keeps_previous_policy_and_is_reported(

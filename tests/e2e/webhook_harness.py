@@ -145,11 +145,12 @@ class WebhookProcess:
         self.start(policy_path)
 
 
-def _rules(operations: list[str]) -> list[dict[str, Any]]:
+def _rules(operations: list[str], *, validating: bool = False) -> list[dict[str, Any]]:
+    # Validation also sees DaemonSets and `kubectl debug` containers, as in deploy/: trustedDeviceSoftware.
     groups = {
-        "": ["pods"],
+        "": ["pods", "pods/ephemeralcontainers"] if validating else ["pods"],
         "batch": ["jobs", "cronjobs"],
-        "apps": ["deployments", "statefulsets", "replicasets"],
+        "apps": ["deployments", "statefulsets", "replicasets", *(["daemonsets"] if validating else [])],
     }
     return [
         {
@@ -213,7 +214,7 @@ def webhook_configurations(
             {
                 "name": VALIDATING_WEBHOOK.replace(".", f".{infix}", 1),
                 "clientConfig": client_config("/validate"),
-                "rules": _rules(["CREATE", "UPDATE"]),
+                "rules": _rules(["CREATE", "UPDATE"], validating=True),
                 **common,
             }
         ],

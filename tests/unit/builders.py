@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,6 @@ JSON = dict[str, Any]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
-CORPUS = Path(__file__).parents[2].parent / "shared" / "corpus"
 
 GPU = "nvidia.com/gpu"
 NOT_READY = "node.kubernetes.io/not-ready"
@@ -388,3 +391,37 @@ def mutated(obj: Any, policy: Policy, **kwargs: Any) -> JSON:
     assert result.changed, f"expected a mutation, skipped={result.skipped} decisions={result.decisions}"
     out: JSON = result.obj
     return out
+
+
+# --- the installed command --------------------------------------------------------------------------
+
+# The console script pip wrote next to this interpreter, from [project.scripts]: what a user runs.
+CONSOLE_SCRIPT = Path(sys.executable).parent / "gpuguard"
+CLI_TIMEOUT_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class CliRun:
+    code: int
+    out: str
+    err: str
+
+
+def run_gpuguard(*args: str, cwd: Path, stdin: str | bytes = b"") -> CliRun:
+    """The installed `gpuguard` with `args`, in `cwd`, without any cluster credentials around."""
+    assert CONSOLE_SCRIPT.is_file(), f"no console script at {CONSOLE_SCRIPT}: is gpuguard installed here?"
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    result = subprocess.run(
+        [str(CONSOLE_SCRIPT), *args],
+        input=stdin.encode() if isinstance(stdin, str) else stdin,
+        capture_output=True,
+        cwd=cwd,
+        env=env,
+        timeout=CLI_TIMEOUT_SECONDS,
+        check=False,
+    )
+    return CliRun(result.returncode, result.stdout.decode(), result.stderr.decode())
+
+
+# The `gpuguard` fixture (conftest.py): run_gpuguard in the test's temp folder.
+Gpuguard = Callable[..., CliRun]

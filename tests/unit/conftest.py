@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from webhook.policy.model import Policy, default_policy
+
+from .builders import CliRun, Gpuguard, run_gpuguard
 
 
 @pytest.fixture(scope="session")
 def policy() -> Policy:
     """The embedded default policy (frozen, so one instance serves every test)."""
     return default_policy()
+
+
+@pytest.fixture
+def gpuguard(tmp_path: Path) -> Gpuguard:
+    """`gpuguard(*args, stdin=...)`: the installed console script, run in the test's temp folder."""
+
+    def run(*args: str, stdin: str | bytes = b"") -> CliRun:
+        return run_gpuguard(*args, cwd=tmp_path, stdin=stdin)
+
+    return run

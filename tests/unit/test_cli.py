@@ -1,24 +1,32 @@
-"""`gpuguard` on the shipped examples, through webhook.cli.main with captured output."""
+"""`gpuguard` as a whole, and `mutate` and `validate` on the shipped examples.
+
+Most tests go through the installed console script (`gpuguard` fixture), as a user runs it; the detailed
+output checks call webhook.cli.main in-process, which is the same code without a process per case.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import io
-import ipaddress
 import json
-import stat
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID
 
+import webhook
 from webhook import cli
+from webhook.cli import output
 from webhook.policy import engine
 from webhook.policy.model import default_policy
 
-from .builders import EXAMPLES, admission_review, apply, assert_same_json, container, defaulted_gpu_pod, pod
+from .builders import EXAMPLES, REPO_ROOT, Gpuguard, apply, assert_same_json
 
 GPU_EXAMPLES = ["gpu-training-job.yaml", "gpu-inference-deployment.yaml", "gpu-cronjob.yaml"]
 CPU_ON_GPU_NODE = EXAMPLES / "cpu-pod-on-gpu-node.yaml"
@@ -44,7 +52,7 @@ def test_mutate_prints_the_mutated_manifest(capsys: pytest.CaptureFixture[str]) 
     assert [t["tolerationSeconds"] for t in template["tolerations"]] == [1800, 1800]
     assert template["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 10}}}
     assert (template["terminationGracePeriodSeconds"], template["priorityClassName"]) == (60, "gpu-workload")
-    assert out.err == ""
+    assert out.err == "1 object: 1 mutated, 0 unchanged, 0 warned, 0 denied\n"
 
 
 @pytest.mark.parametrize("name", GPU_EXAMPLES)
@@ -122,112 +130,169 @@ def test_mutate_with_a_warn_policy_changes_nothing(
     assert "(warn) would-apply: set priorityClassName gpu-workload" in out.err
 
 
-def test_validate_denies_the_cpu_pod_on_a_gpu_node(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["validate", "-f", str(CPU_ON_GPU_NODE)]) == 1
-    out = capsys.readouterr().out
-    assert out.startswith(
-        "Pod/log-shipper: acceleratorNodeGuard (enforce) denied: priority 0 (no class) < 1000"
-    )
-    assert "nodeSelector cloud.google.com/gke-accelerator" in out
+def test_validate_denies_the_cpu_pod_on_a_gpu_node(gpuguard: Gpuguard) -> None:
+    run = gpuguard("validate", "-f", str(CPU_ON_GPU_NODE))
+    assert run.code == 1
+    header, row, summary = run.out.splitlines()
+    assert header.split() == ["NAMESPACE", "OBJECT", "RULE", "MODE", "RESULT", "MESSAGE"]
+    assert row.split()[:6] == [
+        "default",
+        "Pod/log-shipper",
+        "acceleratorNodeGuard",
+        "enforce",
+        "denied",
+        "priority",
+    ]
+    # Columns line up under their headers, kubectl-style.
+    assert header.index("RESULT") == row.index("denied")
+    assert "nodeSelector cloud.google.com/gke-accelerator" in row
+    assert summary == "1 object: 0 passed, 0 warned, 1 denied"
 
 
-@pytest.mark.parametrize("name", GPU_EXAMPLES)
-def test_validate_passes_the_gpu_examples(capsys: pytest.CaptureFixture[str], name: str) -> None:
-    assert cli.main(["validate", "-f", example(name)]) == 0
-    assert "denied" not in capsys.readouterr().out
+def test_validate_says_so_when_everything_passes(gpuguard: Gpuguard) -> None:
+    run = gpuguard("validate", *(arg for name in GPU_EXAMPLES for arg in ("-f", example(name))))
+    assert (run.code, run.out, run.err) == (0, "3 objects: 3 passed, 0 warned, 0 denied\n", "")
 
 
-def test_validate_respects_the_namespace(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["validate", "-f", str(CPU_ON_GPU_NODE), "-n", "kube-system"]) == 0
-    assert capsys.readouterr().out == ""
-
-
-def test_review_answers_a_mutate_review(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    request = tmp_path / "review.json"
-    request.write_bytes(admission_review(defaulted_gpu_pod(), uid="cli-1"))
-    assert cli.main(["review", str(request)]) == 0
-    answer = json.loads(capsys.readouterr().out)
-    response = answer["response"]
-    assert (answer["kind"], response["uid"], response["allowed"]) == ("AdmissionReview", "cli-1", True)
-    assert response["patchType"] == "JSONPatch"
-
-
-def test_review_validate_denies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    request = tmp_path / "review.json"
-    cpu_pod = pod(container(limits={"cpu": "1"}), nodeSelector={"nvidia.com/gpu.present": "true"})
-    request.write_bytes(admission_review(cpu_pod, uid="cli-2"))
-    assert cli.main(["review", "--validate", str(request)]) == 1
-    response = json.loads(capsys.readouterr().out)["response"]
-    assert (response["uid"], response["allowed"], response["status"]["code"]) == ("cli-2", False, 403)
-    assert response["status"]["message"].startswith("gpuguard acceleratorNodeGuard: ")
-
-
-def test_review_validate_allows_a_gpu_pod(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    request = tmp_path / "review.json"
-    request.write_bytes(admission_review(defaulted_gpu_pod(priority=10000, priorityClassName="gpu-workload")))
-    assert cli.main(["review", "--validate", str(request)]) == 0
-    assert json.loads(capsys.readouterr().out)["response"]["allowed"] is True
-
-
-def test_policy_check_good(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_counts_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text("mode: warn\nrules:\n  priority:\n    className: ml-gpu\n")
-    assert cli.main(["policy", "check", str(policy_file)]) == 0
-    assert capsys.readouterr().out.startswith("policy ok: hash ")
+    policy_file.write_text("rules:\n  acceleratorNodeGuard: {mode: warn}\n")
+    args = ["validate", "-f", str(CPU_ON_GPU_NODE), "-f", example("gpu-training-job.yaml")]
+    assert cli.main([*args, "--policy", str(policy_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "2 objects: 1 passed, 1 warned, 0 denied"
+    assert "would-deny" in lines[1].split()
+
+
+def test_validate_respects_the_namespace(gpuguard: Gpuguard) -> None:
+    run = gpuguard("validate", "-f", str(CPU_ON_GPU_NODE), "-n", "kube-system")
+    assert (run.code, run.out) == (0, "1 object: 1 passed, 0 warned, 0 denied\n")
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_validate_output_formats_hold_every_decision(gpuguard: Gpuguard, fmt: str) -> None:
+    run = gpuguard("validate", "-f", str(CPU_ON_GPU_NODE), "-f", example("gpu-training-job.yaml"), "-o", fmt)
+    assert run.code == 1
+    report = json.loads(run.out) if fmt == "json" else yaml.safe_load(run.out)
+    assert report["summary"] == {"objects": 2, "passed": 1, "warned": 0, "denied": 1}
+    denied, job = report["results"]
+    assert (denied["object"], denied["namespace"], denied["result"]) == (
+        "Pod/log-shipper",
+        "default",
+        "denied",
+    )
+    assert denied["source"] == str(CPU_ON_GPU_NODE)
+    assert denied["decisions"][0]["rule"] == "acceleratorNodeGuard"
+    assert denied["decisions"][0]["outcome"] == "denied"
+    # Applied mutations are decisions too: the report is every decision, the table only the findings.
+    assert {d["rule"] for d in job["decisions"] if d["outcome"] == "applied"} == {
+        "readinessTolerations",
+        "podFailurePolicy",
+        "gracefulTermination",
+        "priority",
+    }
+
+
+def test_mutate_json_output_is_the_object_or_a_list(gpuguard: Gpuguard) -> None:
+    one = gpuguard("mutate", "-f", example("gpu-training-job.yaml"), "-o", "json")
+    assert one.code == 0
+    assert_same_json(
+        json.loads(one.out),
+        engine.mutate(load("gpu-training-job.yaml"), default_policy(), namespace="default").obj,
+    )
+    two = gpuguard("mutate", "-f", example("gpu-training-job.yaml"), "-f", str(CPU_ON_GPU_NODE), "-o", "json")
+    listed = json.loads(two.out)
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "List")
+    assert [item["kind"] for item in listed["items"]] == ["Job", "Pod"]
+    assert two.err.splitlines()[-1] == "2 objects: 1 mutated, 1 unchanged, 0 warned, 1 denied"
+
+
+def test_mutate_output_conflicts_with_diff(gpuguard: Gpuguard) -> None:
+    run = gpuguard("mutate", "-f", str(CPU_ON_GPU_NODE), "-o", "json", "--diff")
+    assert run.code == 2 and "not allowed with argument" in run.err
+
+
+# --- the command itself ---------------------------------------------------------------------------------
+
+
+def test_version_is_the_package_version(gpuguard: Gpuguard) -> None:
+    run = gpuguard("--version")
+    assert (run.code, run.out) == (0, f"gpuguard {webhook.__version__}\n")
+    assert importlib.metadata.version("gpuguard") == webhook.__version__
+
+
+def _actions(
+    parser: argparse.ArgumentParser, path: str = "gpuguard"
+) -> Iterator[tuple[str, argparse.Action]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _actions(sub, f"{path} {name}")
+        else:
+            yield path, action
+
+
+def test_every_option_has_help_and_its_default_is_shown() -> None:
+    root = cli.parser()
+    seen = 0
+    for path, action in _actions(root):
+        if isinstance(action, argparse._HelpAction):
+            continue
+        seen += 1
+        assert action.help, f"{path} {action.dest}: no help text"
+        formatter = output.HelpFormatter(path)
+        text = formatter._get_help_string(action) or ""
+        unset = action.default in (None, False, []) or action.default == argparse.SUPPRESS
+        if action.option_strings and not unset:
+            assert "(default: %(default)s)" in text, f"{path} {action.option_strings[0]}: default not shown"
+    assert seen > 50  # the walk reached the subcommands
 
 
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("args", "expected"),
     [
-        pytest.param("mode: enforce\nbogus: 1\n", "bogus: Extra inputs are not permitted", id="unknown-key"),
-        pytest.param("mode: [\n", "not valid YAML", id="bad-yaml"),
-        pytest.param("- a\n", "policy must be a mapping", id="not-a-mapping"),
+        (
+            ["serve"],
+            ["--host HOST", "(default: 0.0.0.0)", "--port PORT", "(default: 8443)", "(default: certs)"],
+        ),
+        (["certs", "generate"], ["--dir DIR", "(default: certs)", "(default: gpuguard)"]),
+        (["policy", "check"], ["FILE", "a ConfigMap holding it under data.policy.yaml"]),
+        (["policy", "status"], ["(default: https://localhost:8443)", "(default: certs/ca.crt)"]),
+        (["mutate"], ["-f FILE", "kind: List expanded", "(default: yaml)"]),
     ],
 )
-def test_policy_check_bad(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
-) -> None:
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(text)
-    assert cli.main(["policy", "check", str(policy_file)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("gpuguard: ") and message in err
+def test_help_says_the_defaults(gpuguard: Gpuguard, args: list[str], expected: list[str]) -> None:
+    run = gpuguard(*args, "--help")
+    assert run.code == 0
+    text = " ".join(run.out.split())  # argparse wraps lines where it likes
+    for words in expected:
+        assert words in text, run.out
 
 
-def test_policy_check_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["policy", "check", str(tmp_path / "absent.yaml")]) == 2
-    assert "absent.yaml" in capsys.readouterr().err
+def test_usage_errors_exit_2_naming_what_is_wrong(gpuguard: Gpuguard) -> None:
+    assert gpuguard().code == 2
+    unknown = gpuguard("mutat")
+    assert unknown.code == 2 and "invalid choice: 'mutat'" in unknown.err
 
 
-def test_policy_default_round_trips_through_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["policy", "default"]) == 0
-    policy_file = tmp_path / "default.yaml"
-    policy_file.write_text(capsys.readouterr().out)
-    assert cli.main(["policy", "check", str(policy_file)]) == 0
-    assert capsys.readouterr().out == f"policy ok: hash {default_policy().hash}\n"
-
-
-def test_certs_generate_for_a_service(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cert_dir = tmp_path / "certs"
-    args = ["certs", "generate", "--service", "gpuguard", "--namespace", "gpuguard", "--dir", str(cert_dir)]
-    assert cli.main(args) == 0
-    assert str(cert_dir / "tls.crt") in capsys.readouterr().out
-
-    cert = x509.load_pem_x509_certificate((cert_dir / "tls.crt").read_bytes())
-    ca = x509.load_pem_x509_certificate((cert_dir / "ca.crt").read_bytes())
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    dns_names = set(sans.get_values_for_type(x509.DNSName))
-    assert {
-        "gpuguard",
-        "gpuguard.gpuguard",
-        "gpuguard.gpuguard.svc",
-        "gpuguard.gpuguard.svc.cluster.local",
-    } <= dns_names
-    assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
-    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert ExtendedKeyUsageOID.SERVER_AUTH in eku
-    assert cert.issuer == ca.subject
-    cert.verify_directly_issued_by(ca)
-    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
-    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
-    assert stat.S_IMODE((cert_dir / "tls.key").stat().st_mode) == 0o600
+def test_pip_install_gives_a_working_command(tmp_path: Path) -> None:
+    """`pip install .` as the README says, into a fresh folder: the console script runs, with its data."""
+    source = tmp_path / "source"
+    shutil.copytree(REPO_ROOT / "webhook", source / "webhook", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    target = tmp_path / "installed"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # No index and no build isolation: the build backend and the dependencies are this virtualenv's.
+    subprocess.run(
+        [*pip, "--no-deps", "--no-index", "--no-build-isolation", "--target", str(target), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    script = target / "bin" / "gpuguard"
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    version = subprocess.run([str(script), "--version"], capture_output=True, text=True, env=env, check=True)
+    assert version.stdout == f"gpuguard {webhook.__version__}\n"
+    default = subprocess.run([str(script), "policy", "default"], capture_output=True, text=True, env=env)
+    assert default.stdout == (REPO_ROOT / "webhook" / "default-policy.yaml").read_text()

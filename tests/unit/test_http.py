@@ -22,6 +22,7 @@ from webhook.policy.model import Policy
 
 from .builders import (
     V1BETA1,
+    Gpuguard,
     admission_review,
     apply,
     assert_same_json,
@@ -253,3 +254,50 @@ def test_sigterm_finishes_the_request_in_flight(tmp_path: Path) -> None:
         assert server.process.wait(timeout=STOP_SECONDS) == 0, server.log_tail()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_an_admission_endpoint_answers_other_methods_405(
+    client: httpx.Client, path: str, method: str
+) -> None:
+    reply = client.request(method, path)
+    assert (reply.status_code, reply.headers["allow"]) == (405, "POST")
+    assert "POST an AdmissionReview" in reply.json()["detail"]
+
+
+def test_other_paths_still_answer_404(client: httpx.Client) -> None:
+    assert client.get("/mutate/x").status_code == 404
+
+
+# --- `gpuguard policy status` against this server ---------------------------------------------------------
+
+
+def test_policy_status_shows_the_served_policy(server: Server, gpuguard: Gpuguard, policy: Policy) -> None:
+    run = gpuguard("policy", "status", "--url", server.base_url, "--cacert", str(server.cert_dir / "ca.crt"))
+    assert (run.code, run.err) == (0, "")
+    assert run.out.startswith(f"policy {policy.hash} from embedded default, loaded 20")
+
+
+def test_policy_status_says_the_certificate_is_not_trusted(
+    server: Server, gpuguard: Gpuguard, tmp_path: Path
+) -> None:
+    assert gpuguard("certs", "generate", "--dir", "other").code == 0  # another CA, in the temp folder
+    run = gpuguard("policy", "status", "--url", server.base_url, "--cacert", "other/ca.crt")
+    assert run.code == 2
+    assert run.err.startswith(
+        f"gpuguard: {server.base_url}/policy: certificate not trusted by --cacert other/ca.crt ("
+    ), run.err
+    assert "Traceback" not in run.err
+
+
+def test_policy_status_names_the_url_it_cannot_reach(server: Server, gpuguard: Gpuguard) -> None:
+    url = f"https://127.0.0.1:{_free_port()}"
+    run = gpuguard("policy", "status", "--url", url, "--cacert", str(server.cert_dir / "ca.crt"))
+    assert (run.code, run.err) == (2, f"gpuguard: cannot reach {url}/policy: Connection refused\n")
+
+
+def test_policy_status_names_a_missing_cacert(gpuguard: Gpuguard) -> None:
+    run = gpuguard("policy", "status", "--cacert", "absent/ca.crt")
+    assert run.code == 2
+    assert run.err.startswith("gpuguard: --cacert absent/ca.crt: no such file")

@@ -10,6 +10,7 @@ import yaml
 from webhook.policy.model import (
     MUTATING_RULES,
     RULE_IDS,
+    VALIDATING_RULES,
     Mode,
     PolicyError,
     RuleId,
@@ -39,25 +40,32 @@ def test_empty_text_is_the_default_policy() -> None:
 @pytest.mark.parametrize(
     ("text", "field"),
     [
-        pytest.param("bogus: 1\n", "bogus: Extra inputs are not permitted", id="top-level"),
+        pytest.param("bogus: 1\n", "bogus: unknown key (expected one of: enabled, mode,", id="top-level"),
         pytest.param(
-            "rules:\n  priority:\n    bogus: 1\n", "rules.priority.bogus: Extra inputs", id="nested-rule"
+            "rules:\n  priority:\n    bogus: 1\n", "rules.priority.bogus: unknown key", id="nested-rule"
         ),
-        pytest.param("accelerators:\n  gpus: [x]\n", "accelerators.gpus: Extra inputs", id="accelerators"),
+        pytest.param("accelerators:\n  gpus: [x]\n", "accelerators.gpus: unknown key", id="accelerators"),
         pytest.param(
-            "namespaces:\n- names: [a]\n  mood: warn\n", "namespaces.0.mood: Extra inputs", id="namespace"
+            "namespaces:\n- names: [a]\n  mood: warn\n",
+            "namespaces[0].mood: unknown key; did you mean 'mode'?",
+            id="namespace",
         ),
         pytest.param(
             "rules:\n  podFailurePolicy:\n    deviceFailureExitCodes: [0, 74]\n",
-            "rules.podFailurePolicy.deviceFailureExitCodes.0",
+            "rules.podFailurePolicy.deviceFailureExitCodes[0]: must be greater than or equal to 1, got 0",
             id="exit-code-zero",
         ),
         pytest.param(
             "rules:\n  podFailurePolicy:\n    nonRetriableExitCodes: [1, 256]\n",
-            "rules.podFailurePolicy.nonRetriableExitCodes.1",
+            "rules.podFailurePolicy.nonRetriableExitCodes[1]",
             id="exit-code-too-big",
         ),
-        pytest.param("mode: loud\n", "mode: Input should be", id="unknown-mode"),
+        pytest.param("mode: loud\n", "mode: unknown value 'loud', expected 'enforce'", id="unknown-mode"),
+        pytest.param(
+            "mode: enforced\n",
+            "mode: unknown value 'enforced', expected 'enforce', 'warn', 'audit' or 'off'; did you mean 'enforce'?",
+            id="misspelt-mode",
+        ),
         pytest.param(
             "rules:\n  podFailurePolicy:\n    deviceFailureAction: Retry\n",
             "rules.podFailurePolicy.deviceFailureAction",
@@ -73,8 +81,23 @@ def test_empty_text_is_the_default_policy() -> None:
         ),
         pytest.param(
             "namespaces:\n- names: [a]\n  rules: {quota: warn}\n",
-            "namespaces.0.rules.quota",
+            "namespaces[0].rules.quota: unknown key 'quota'",
             id="unknown-rule",
+        ),
+        pytest.param(
+            "rules:\n  priorty: {className: x}\n",
+            "rules.priorty: unknown key; did you mean 'priority'?",
+            id="misspelt-rule",
+        ),
+        pytest.param(
+            "namespaces:\n- names: [a]\n- names: [b]\n  selector: {matchLabels: {x: y}}\n",
+            "namespaces[1]: give exactly one of names and selector",
+            id="names-and-selector",
+        ),
+        pytest.param(
+            "priorityClasses: {gpu.high: lots}\n",
+            'priorityClasses["gpu.high"]: must be a valid integer',
+            id="dotted-key",
         ),
     ],
 )
@@ -267,7 +290,7 @@ def test_a_rule_mode_applies_to_that_rule_only(rule: RuleId) -> None:
     assert {other: policy.mode_for(other, "default") for other in RULE_IDS} == {
         other: "warn" if other == rule else "enforce" for other in RULE_IDS
     }
-    assert set(RULE_IDS) == {*MUTATING_RULES, "acceleratorNodeGuard"}
+    assert set(RULE_IDS) == {*MUTATING_RULES, *VALIDATING_RULES}
 
 
 # --- namespace overrides merge with the default ones --------------------------------------------------
@@ -291,3 +314,10 @@ def test_a_namespace_the_policy_names_leaves_the_default_entry() -> None:
     )  # the default "off" entry no longer covers it
     assert policy.mode_for("priority", "gpu-operator") == "off"
     assert policy.namespaces[0].names == ["kube-system"]  # the given entries come first
+
+
+def test_every_rule_has_its_code() -> None:
+    from webhook.policy.rules import MUTATORS, VALIDATORS
+
+    assert tuple(MUTATORS) == MUTATING_RULES
+    assert set(VALIDATORS) == set(VALIDATING_RULES)

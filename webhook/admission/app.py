@@ -7,6 +7,7 @@ to `review.review`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,13 @@ from webhook.policy_store import PolicyStore
 # The API server refuses requests over 3 MiB for etcd, but a review wraps object and oldObject: cap a
 # little above twice that, like controller-runtime (7 MiB), so no legitimate review is turned away.
 MAX_BODY_BYTES = 7 * 1024 * 1024
+# From the end of the headers to the end of the body (waiting for room in the budget below included).
+# The API server sends a review in one go and gives up after timeoutSeconds (at most 30 s).
+BODY_READ_SECONDS = 10.0
+# Request bodies held at once, over every connection: without it, 80 clients sending 7 MiB bodies
+# slowly hold half a gigabyte. A request waits (within BODY_READ_SECONDS) for room for its declared
+# Content-Length before its body is read; a review from the API server is tens of kilobytes.
+MAX_BUFFERED_BODY_BYTES = 32 * 1024 * 1024
 ENDPOINTS: dict[str, review.Endpoint] = {"/mutate": "mutate", "/validate": "validate"}
 
 log = logging.getLogger("gpuguard.admission")
@@ -42,29 +50,81 @@ class State:
         return self.store.policy
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The request body, or None when it exceeds MAX_BODY_BYTES or the client went away."""
-    chunks: list[bytes] = []
-    size = 0
+class BodyBudget:
+    """Bytes of request bodies the endpoints hold at once; a reservation waits until there is room."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._changed = asyncio.Condition()
+
+    async def reserve(self, size: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.held + size <= self.limit)
+            self.held += size
+
+    async def release(self, size: int) -> None:
+        async with self._changed:
+            self.held -= size
+            self._changed.notify_all()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A body that was not (entirely) read; the connection then closes, its rest still unread."""
+
+    message: str
+    code: int
+    prefix: bytes  # what was read, for the uid
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _read_body(receive: Receive, body: bytearray) -> bytearray | Refusal | None:
+    """The request body, read into `body` (one buffer, never joined: a body is held once, not twice);
+    a Refusal past MAX_BODY_BYTES; None when the client went away."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
+        body += message.get("body", b"")
+        if len(body) > MAX_BODY_BYTES:
+            return Refusal(
+                f"request body exceeds {MAX_BODY_BYTES} bytes", 413, bytes(body[: review.UID_SCAN_BYTES])
+            )
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return body
 
 
-async def _send_json(send: Send, body: bytes) -> None:
+async def _send_json(send: Send, body: bytes, *, close: bool = False) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_method_not_allowed(send: Send) -> None:
+    """The admission endpoints take a POSTed AdmissionReview; a GET (a browser, a curl without --data)
+    is told so, rather than answered 404 as if the endpoint did not exist."""
+    body = b'{"detail":"Method Not Allowed: POST an AdmissionReview"}'
     await send(
         {
             "type": "http.response.start",
-            "status": 200,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "status": 405,
+            "headers": [
+                (b"allow", b"POST"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -76,23 +136,53 @@ class AdmissionApp:
     def __init__(self, state: State, fallback: ASGIApp) -> None:
         self.state = state
         self.fallback = fallback
+        self.budget = BodyBudget(MAX_BUFFERED_BODY_BYTES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = ENDPOINTS.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
+        if endpoint is None:
             await self.fallback(scope, receive, send)
             return
+        if scope["method"] != "POST":
+            await _send_method_not_allowed(send)
+            return
         started = time.perf_counter()
-        body = await _read_body(receive)
-        if body is None:
-            answer = review.rejected(f"request body exceeds {MAX_BODY_BYTES} bytes", code=413)
-        else:
-            answer = review.review(body, endpoint=endpoint, policy=self.state.policy, facts=self.state.facts)
-        await _send_json(send, answer.body)
+        declared = _declared_length(scope)
+        reservation = 0
+        received = bytearray()
+        try:
+            try:
+                async with asyncio.timeout(BODY_READ_SECONDS):
+                    if declared is not None and declared > MAX_BODY_BYTES:
+                        # Too large by its own account: only what has arrived is read, for the uid.
+                        message = await receive()
+                        prefix = message.get("body", b"") if message["type"] == "http.request" else b""
+                        body: bytearray | Refusal | None = Refusal(
+                            f"request body exceeds {MAX_BODY_BYTES} bytes", 413, prefix
+                        )
+                    else:
+                        size = MAX_BODY_BYTES if declared is None else declared
+                        await self.budget.reserve(size)
+                        reservation = size
+                        body = await _read_body(receive, received)
+            except TimeoutError:
+                late = f"request body not received within {BODY_READ_SECONDS:.0f} s"
+                body = Refusal(late, 408, bytes(received[: review.UID_SCAN_BYTES]))
+            if body is None:
+                return  # the client went away: nobody to answer
+            if isinstance(body, Refusal):
+                answer = review.rejected(body.message, code=body.code, uid=review.uid_in(body.prefix))
+            else:
+                answer = review.review(
+                    body, endpoint=endpoint, policy=self.state.policy, facts=self.state.facts
+                )
+            await _send_json(send, answer.body, close=isinstance(body, Refusal))
+        finally:
+            if reservation:
+                await self.budget.release(reservation)
         elapsed = time.perf_counter() - started
         # A dry run must answer like the real request but leave no trace in the decision counters.
         decisions = () if answer.dry_run else answer.decisions
-        result = "allowed" if answer.allowed else "denied"
-        self.state.metrics.observe(endpoint, result, elapsed, decisions)
+        self.state.metrics.observe(endpoint, answer.result, elapsed, decisions)
         fields: dict[str, Any] = answer.summary | {"latencyMs": round(elapsed * 1000, 3)}
-        log.info("admission %s", result, extra={"fields": fields})
+        log.info("admission %s", answer.result, extra={"fields": fields})

@@ -1,14 +1,17 @@
 """AdmissionReview in, AdmissionReview out: bytes to bytes, no framework.
 
-Whatever arrives, the answer is a well-formed AdmissionReview echoing the request's uid (empty when
-there is none to echo): a malformed review is answered 400, an internal error fails open (allowed,
-with a warning), because a bug in gpuguard must never block a cluster's pod creation.
+Whatever arrives, the answer is a well-formed AdmissionReview echoing the request's uid wherever it
+can be read (from the body's first bytes when the body is not JSON gpuguard can parse): a malformed
+review is answered 400, an internal error fails open (allowed, with a warning), because a bug in
+gpuguard must never block a cluster's pod creation. Nothing taken from the body is repr'd or logged
+as it came: a value nested a thousand deep must not turn an answer into a crash or lose its log line.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,6 +28,12 @@ Endpoint = Literal["mutate", "validate"]
 SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 MAX_WARNING_CHARS = 119  # kubectl prints each warning on one line; the API server truncates long ones
 INTERNAL_ERROR_WARNING = "gpuguard: internal error, admitted unchanged (see the webhook log)"
+TOO_DEEP_WARNING = "gpuguard: object nests too deeply to be a Kubernetes object, admitted unchanged"
+# Where the uid sits in what kube-apiserver sends: `request` opens with it (AdmissionRequest.UID comes
+# first), so the first bytes of a body too large or too deep to parse still name it.
+UID_SCAN_BYTES = 64 * 1024
+_REQUEST_UID = re.compile(rb'"request"\s*:\s*\{\s*"uid"\s*:\s*"([^"\\]{1,256})"')
+Result = Literal["allowed", "denied", "error"]
 
 log = logging.getLogger("gpuguard.review")
 
@@ -35,10 +44,19 @@ log = logging.getLogger("gpuguard.review")
 # rules read, not what the API server sends. A rule that reads or writes a field outside the tree would
 # silently see it absent: tests/unit/test_hot_path.py records every access the rules make and fails on
 # one outside it.
-_CONTAINER: FieldTree = {"name": None, "resources": None, "lifecycle": None, "restartPolicy": None}
+_CONTAINER: FieldTree = {
+    "name": None,
+    "image": None,
+    "resources": None,
+    "lifecycle": None,
+    "restartPolicy": None,
+    "volumeMounts": None,
+}
 _POD_SPEC: FieldTree = {
     "containers": (_CONTAINER,),
     "initContainers": (_CONTAINER,),
+    "ephemeralContainers": (_CONTAINER,),
+    "volumes": ({"name": None, "hostPath": None},),
     "resourceClaims": None,
     "restartPolicy": None,
     "tolerations": None,
@@ -54,7 +72,9 @@ _JOB_SPEC: FieldTree = {
     "podFailurePolicy": None,
     "backoffLimitPerIndex": None,
     "podReplacementPolicy": None,
-    "template": {"spec": _POD_SPEC},
+    "parallelism": None,
+    "completionMode": None,
+    "template": {"metadata": {"annotations": None}, "spec": _POD_SPEC},
 }
 # One tree for every kind (workload.POD_SPEC_PATHS): a key a kind does not have is simply not there.
 RULE_FIELDS: FieldTree = {
@@ -102,6 +122,35 @@ class Answer:
     decisions: tuple[engine.Decision, ...] = ()
     dry_run: bool = False
     summary: dict[str, Any] = field(default_factory=dict)
+    # No decision was made: the body was not a review gpuguard could answer, or answering it failed.
+    error: bool = False
+
+    @property
+    def result(self) -> Result:
+        """What the request counts as in gpuguard_admission_requests_total."""
+        return "error" if self.error else "allowed" if self.allowed else "denied"
+
+
+def uid_in(prefix: bytes) -> str:
+    """The request uid in the first bytes of a body that could not be parsed, or ""."""
+    match = _REQUEST_UID.search(prefix[:UID_SCAN_BYTES])
+    return match.group(1).decode("utf-8", errors="replace") if match else ""
+
+
+def _describe(value: object) -> str:
+    """A value from the body, safe to put in a message or a log line: short, never a deep repr."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= 64 else value[:63] + "…")
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+
+
+def _text(value: object) -> str | None:
+    """A string field of the request for the log line; anything else is described, not copied."""
+    if value is None or isinstance(value, str):
+        return value
+    return f"<{_describe(value)}>"
 
 
 def _short(text: str) -> str:
@@ -146,10 +195,10 @@ def rejected(
     message: str, *, code: int = 400, uid: str = "", api_version: str = SUPPORTED_VERSIONS[0]
 ) -> Answer:
     body = _response(api_version, uid, allowed=False, status={"code": code, "message": message})
-    return Answer(body, allowed=False, summary={"uid": uid, "error": message, "code": code})
+    return Answer(body, allowed=False, summary={"uid": uid, "error": message, "code": code}, error=True)
 
 
-def _decode(body: bytes) -> tuple[Any, bool]:
+def _decode(body: bytes | bytearray) -> tuple[Any, bool]:
     """The review, and whether its objects are already cut down to RULE_FIELDS."""
     try:
         return _PARTIAL.decode(body), True
@@ -158,10 +207,10 @@ def _decode(body: bytes) -> tuple[Any, bool]:
     try:
         return orjson.loads(body), False
     except orjson.JSONDecodeError as exc:
-        raise BadReview(f"body is not JSON: {exc}") from exc
+        raise BadReview(f"body is not JSON: {exc}", uid_in(bytes(body[:UID_SCAN_BYTES]))) from exc
 
 
-def _parse(body: bytes) -> tuple[str, dict[str, Any], bool]:
+def _parse(body: bytes | bytearray) -> tuple[str, dict[str, Any], bool]:
     review, narrowed = _decode(body)
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")
@@ -170,10 +219,10 @@ def _parse(body: bytes) -> tuple[str, dict[str, Any], bool]:
     if request is None or not isinstance(uid, str) or not uid:
         raise BadReview("request.uid is missing")
     if review.get("kind") != "AdmissionReview":
-        raise BadReview(f"kind must be AdmissionReview, got {review.get('kind')!r}", uid)
+        raise BadReview(f"kind must be AdmissionReview, got {_describe(review.get('kind'))}", uid)
     api_version = review.get("apiVersion")
     if api_version not in SUPPORTED_VERSIONS:
-        message = f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)}, got {api_version!r}"
+        message = f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)}, got {_describe(api_version)}"
         raise BadReview(message, uid)
     return api_version, request, narrowed
 
@@ -192,17 +241,19 @@ def _summary(endpoint: Endpoint, request: dict[str, Any], result: engine.Result)
     return {
         "uid": request.get("uid"),
         "endpoint": endpoint,
-        "kind": kind.get("kind"),
-        "namespace": request.get("namespace"),
-        "name": request.get("name") or _object_name(request.get("object")),
-        "operation": request.get("operation"),
+        "kind": _text(kind.get("kind")),
+        "namespace": _text(request.get("namespace")),
+        "name": _text(request.get("name") or _object_name(request.get("object"))),
+        "operation": _text(request.get("operation")),
         "dryRun": bool(request.get("dryRun")),
         "skipped": result.skipped,
         **by_outcome,
     }
 
 
-def review(body: bytes, *, endpoint: Endpoint, policy: Policy, facts: ClusterFacts | None = None) -> Answer:
+def review(
+    body: bytes | bytearray, *, endpoint: Endpoint, policy: Policy, facts: ClusterFacts | None = None
+) -> Answer:
     """Answers one AdmissionReview for /mutate or /validate."""
     try:
         api_version, request, narrowed = _parse(body)
@@ -215,10 +266,21 @@ def review(body: bytes, *, endpoint: Endpoint, policy: Policy, facts: ClusterFac
                 request[key] = narrow(request[key], RULE_FIELDS)
     try:
         return _answer(api_version, request, endpoint=endpoint, policy=policy, facts=facts)
+    except (RecursionError, orjson.JSONEncodeError):
+        # A value nested hundreds deep: the API server decodes objects into their typed schema before
+        # calling, so no real Pod or Job nests like that. Fail open without a traceback thousands of
+        # frames long in the log.
+        log.warning("%s review %s: object nests too deeply; failing open", endpoint, uid)
+        return _failed_open(api_version, uid, endpoint, TOO_DEEP_WARNING, "too deep")
     except Exception:
         log.exception("internal error answering %s review %s; failing open", endpoint, uid)
-        body = _response(api_version, uid, allowed=True, warnings=[INTERNAL_ERROR_WARNING])
-        return Answer(body, allowed=True, summary={"uid": uid, "endpoint": endpoint, "error": "internal"})
+        return _failed_open(api_version, uid, endpoint, INTERNAL_ERROR_WARNING, "internal")
+
+
+def _failed_open(api_version: str, uid: str, endpoint: Endpoint, warning: str, error: str) -> Answer:
+    body = _response(api_version, uid, allowed=True, warnings=[warning])
+    summary = {"uid": uid, "endpoint": endpoint, "error": error}
+    return Answer(body, allowed=True, summary=summary, error=True)
 
 
 def _answer(
@@ -249,9 +311,9 @@ def _answer(
         "warnings": warnings,
         "auditAnnotations": audit_annotations_for(result.decisions),
     }
-    denials = result.denials
+    denials = result.denied
     if denials:
-        message = "; ".join(f"gpuguard acceleratorNodeGuard: {text}" for text in denials)
+        message = "; ".join(f"gpuguard {denial.rule}: {denial.message}" for denial in denials)
         fields["status"] = {"code": 403, "reason": "Forbidden", "message": message}
     elif result.changed:
         operations = patch.diff(result.original, result.obj)

@@ -100,10 +100,11 @@ class PartialDecoder:
         struct, self._convert = _struct(tree, name)
         self._decoder = msgspec.json.Decoder(struct)
 
-    def decode(self, data: bytes) -> dict[str, Any]:
+    def decode(self, data: bytes | bytearray) -> dict[str, Any]:
         try:
             decoded = self._decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            # Too deep for msgspec is what orjson refuses too: the whole decoding says so in its words.
             raise NotPartial(str(exc)) from exc
         result: dict[str, Any] = self._convert(decoded)
         return result

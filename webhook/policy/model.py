@@ -1,20 +1,25 @@
 """The policy: a frozen pydantic model, parsed from the YAML a ConfigMap or file holds.
 
 Every check that can be made without a cluster happens here, at load time, so that admission never
-meets a bad policy: unknown keys are rejected, errors name the field, and combinations the API server
-would reject later (exit code 0 under `In`, a preStop longer than the grace period) are refused.
+meets a bad policy: unknown keys are rejected, errors name the field, types are strict (a boolean is not
+a number, a string is neither), every number is bounded by the API field it ends up in, and
+combinations the API server would reject later (exit code 0 under `In`, a preStop longer than the grace
+period) or that defeat each other (an injected class the guard then denies) are refused. Whatever a
+request needs from the policy (the compiled patterns, the namespace index) is built here too, on the
+thread that loads it, never on a request.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache, cached_property
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -27,32 +32,106 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_core import ErrorDetails
+
+from webhook.policy import hostpaths, images
+from webhook.policy.loader import PolicyTextError, load_policy_yaml
 
 Mode = Literal["enforce", "warn", "audit", "off"]
 RuleId = Literal[
-    "readinessTolerations", "podFailurePolicy", "gracefulTermination", "priority", "acceleratorNodeGuard"
+    "readinessTolerations",
+    "podFailurePolicy",
+    "gracefulTermination",
+    "priority",
+    "driverCompatibility",
+    "acceleratorNodeGuard",
+    "trustedDeviceSoftware",
 ]
 MUTATING_RULES: tuple[RuleId, ...] = (
     "readinessTolerations",
     "podFailurePolicy",
     "gracefulTermination",
     "priority",
+    "driverCompatibility",
 )
-RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard")
+# driverCompatibility is in both: it mutates, and its validating check sees what the API server stores.
+VALIDATING_RULES: tuple[RuleId, ...] = (
+    "acceleratorNodeGuard",
+    "trustedDeviceSoftware",
+    "driverCompatibility",
+)
+RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard", "trustedDeviceSoftware")
 SYSTEM_PRIORITY_PREFIX = "system-"
 HIGHEST_USER_PRIORITY = 1_000_000_000
+LOWEST_PRIORITY = -(2**31)  # PriorityClass.value is an int32
+# Seconds end up in tolerationSeconds, terminationGracePeriodSeconds and a preStop sleep: int64 fields
+# that Kubernetes turns into a Go time.Duration (int64 nanoseconds). More than this overflows there
+# (a toleration would then evict at once), and past 2**63 the API server cannot even decode the patch.
+MAX_SECONDS = (2**63 - 1) // 10**9  # about 292 years
+# Bounds on the lists a request walks or the load compiles: far above any real policy, far below what
+# would stall a load (hundreds of thousands of patterns take a minute to compile).
+MAX_PATTERNS = 256
+MAX_NAMESPACE_ENTRIES = 1_000
+MAX_NAMESPACE_NAMES = 10_000
+MAX_PRIORITY_CLASSES = 1_000
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# The key of the policy ConfigMap that holds the policy YAML.
+CONFIGMAP_KEY = "policy.yaml"
 MAX_REMEMBERED_NAMES = 1024
 
 
-def _yaml_off_is_off(value: object) -> object:
-    # YAML 1.1 reads an unquoted `off` as the boolean false; a user who wrote `mode: off` means "off".
-    return "off" if value is False else value
+def _no_boolean_mode(value: object) -> object:
+    # A mode is a word. Policy YAML has only `true` and `false` as booleans (webhook.policy.loader), so a
+    # bare `off` already arrives as "off"; a boolean here was written as one, and its meaning is a guess.
+    if isinstance(value, bool):
+        raise ValueError(f"a mode is one of enforce, warn, audit, off, not the boolean {str(value).lower()}")
+    return value
 
 
-ModeField = Annotated[Mode, BeforeValidator(_yaml_off_is_off)]
+ModeField = Annotated[Mode, BeforeValidator(_no_boolean_mode)]
+Seconds = Annotated[int, Field(ge=1, le=MAX_SECONDS)]
+Pattern = Annotated[str, Field(min_length=1, max_length=512)]
+Patterns = Annotated[list[Pattern], Field(max_length=MAX_PATTERNS)]
+ClassName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN)]
+NamespaceName = Annotated[str, Field(max_length=63, pattern=DNS_LABEL)]
 ExitCode = Annotated[int, Field(ge=1, le=255)]
 # The API server wants exit codes sorted and unique; normalising here lets users write them in any order.
 ExitCodes = Annotated[list[ExitCode], AfterValidator(lambda codes: sorted(set(codes)))]
+
+
+# A label or annotation key: an optional DNS-subdomain prefix and a name (metav1 validation's qualified name).
+_QUALIFIED_NAME = re.compile(
+    r"(?:(?=[^/]{1,253}/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(?=[^/]{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+
+
+def _qualified_name(key: str) -> str:
+    if not _QUALIFIED_NAME.fullmatch(key):
+        raise ValueError(f"{key!r} is not a valid label or annotation key")
+    return key
+
+
+def _host_path_pattern(pattern: str) -> str:
+    parts = hostpaths.components(pattern)
+    if parts is None or ".." in pattern.split("/"):
+        raise ValueError(f"{pattern!r}: a host path pattern is absolute and has no '..'")
+    return pattern
+
+
+def _image_pattern(pattern: str) -> str:
+    # Patterns are matched against the normalised reference, which always starts with a registry.
+    first = pattern.partition("/")[0]
+    if "/" not in pattern or not ("." in first or ":" in first or "*" in first or first == "localhost"):
+        raise ValueError(f"{pattern!r} names no registry: write it in full, e.g. docker.io/{pattern}")
+    return pattern
+
+
+LabelKey = Annotated[str, AfterValidator(_qualified_name)]
+HostPathPattern = Annotated[str, AfterValidator(_host_path_pattern)]
+ImagePrefix = Annotated[str, AfterValidator(images.normalise_prefix)]
+ImagePattern = Annotated[str, AfterValidator(_image_pattern)]
 
 
 class PolicyError(ValueError):
@@ -60,7 +139,8 @@ class PolicyError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: no coercion, so `true` is not 1, "3600" is not a number and "no" is not a boolean.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class _Verdicts(dict[str, bool]):
@@ -80,11 +160,11 @@ class _Verdicts(dict[str, bool]):
 
 
 class Accelerators(_Model):
-    resources: list[str]
+    resources: Patterns
     resourceClaims: bool
-    deviceClasses: list[str]
-    nodeLabels: list[str]
-    taintKeys: list[str]
+    deviceClasses: Patterns
+    nodeLabels: Patterns
+    taintKeys: Patterns
 
     @cached_property
     def _resource_pattern(self) -> re.Pattern[str]:
@@ -111,9 +191,10 @@ class _Rule(_Model):
 
 
 class ReadinessTolerations(_Rule):
-    batchSeconds: int = Field(ge=0)
-    servingSeconds: int = Field(ge=0)
-    apiServerDefaultSeconds: int = Field(ge=0)
+    # At least a second: 0 would evict a workload the moment its node looks unready.
+    batchSeconds: Seconds
+    servingSeconds: Seconds
+    apiServerDefaultSeconds: int = Field(ge=0, le=MAX_SECONDS)
 
 
 class PodFailurePolicyRule(_Rule):
@@ -135,8 +216,8 @@ class PodFailurePolicyRule(_Rule):
 
 class PreStop(_Model):
     action: Literal["sleep", "exec"]
-    seconds: int = Field(ge=1)
-    command: list[str]
+    seconds: Seconds
+    command: list[str] = Field(max_length=MAX_PATTERNS)
 
     @model_validator(mode="after")
     def _command_matches_action(self) -> PreStop:
@@ -149,8 +230,8 @@ class PreStop(_Model):
 
 class GracefulTermination(_Rule):
     preStop: PreStop
-    minGracePeriodSeconds: int = Field(ge=1)
-    marginSeconds: int = Field(ge=0)
+    minGracePeriodSeconds: Seconds
+    marginSeconds: int = Field(ge=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _prestop_fits(self) -> GracefulTermination:
@@ -158,6 +239,11 @@ class GracefulTermination(_Rule):
             raise ValueError(
                 f"preStop.seconds ({self.preStop.seconds}) must be shorter than "
                 f"minGracePeriodSeconds ({self.minGracePeriodSeconds})"
+            )
+        if self.preStop.seconds + self.marginSeconds > MAX_SECONDS:
+            raise ValueError(
+                f"preStop.seconds + marginSeconds ({self.preStop.seconds + self.marginSeconds}) is more "
+                f"than the {MAX_SECONDS} s a grace period may be"
             )
         return self
 
@@ -168,9 +254,7 @@ class GracefulTermination(_Rule):
 
 class Priority(_Rule):
     # A PriorityClass name is a DNS subdomain; anything else would make every patched pod invalid.
-    className: str = Field(
-        max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-    )
+    className: ClassName
 
     @model_validator(mode="after")
     def _not_system(self) -> Priority:
@@ -183,18 +267,59 @@ class AcceleratorNodeGuard(_Rule):
     minPriority: int = Field(ge=0, le=HIGHEST_USER_PRIORITY)
 
 
+class TrustedDeviceSoftware(_Rule):
+    hostPaths: list[HostPathPattern] = Field(max_length=MAX_PATTERNS)
+    trustedImages: list[ImagePrefix] = Field(max_length=MAX_PATTERNS)
+    requireDigest: bool
+
+    @cached_property
+    def host_path_patterns(self) -> list[tuple[str, hostpaths.Pattern]]:
+        return [
+            (pattern, hostpaths.compile_pattern(hostpaths.components(pattern) or ()))
+            for pattern in self.hostPaths
+        ]
+
+
+class DriverNodeLabels(_Model):
+    driverMajor: LabelKey
+    driverVersion: LabelKey
+    cudaVersion: LabelKey
+    product: LabelKey
+    pools: list[LabelKey] = Field(max_length=MAX_PATTERNS)
+
+
+class ImageDriverRequirement(_Model):
+    image: ImagePattern
+    minDriverMajor: int = Field(ge=1, le=99_999)
+
+
+class MultiNode(_Model):
+    sameDriverVersion: bool
+    minParallelism: int = Field(ge=2, le=2**31 - 1)  # Job.spec.parallelism is an int32
+    completionModes: list[Literal["Indexed", "NonIndexed"]] = Field(min_length=1)
+
+
+class DriverCompatibility(_Rule):
+    annotation: LabelKey
+    images: list[ImageDriverRequirement] = Field(max_length=MAX_PATTERNS)
+    nodeLabels: DriverNodeLabels
+    multiNode: MultiNode
+
+
 class Rules(_Model):
     readinessTolerations: ReadinessTolerations
     podFailurePolicy: PodFailurePolicyRule
     gracefulTermination: GracefulTermination
     priority: Priority
+    driverCompatibility: DriverCompatibility
     acceleratorNodeGuard: AcceleratorNodeGuard
+    trustedDeviceSoftware: TrustedDeviceSoftware
 
 
 class SelectorRequirement(_Model):
-    key: str = Field(min_length=1)
+    key: str = Field(min_length=1, max_length=316)
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list)
+    values: list[str] = Field(default_factory=list, max_length=MAX_PATTERNS)
 
     @model_validator(mode="after")
     def _values_match_operator(self) -> SelectorRequirement:
@@ -216,8 +341,8 @@ class SelectorRequirement(_Model):
 class LabelSelector(_Model):
     """A Kubernetes label selector (matchLabels and matchExpressions, all must hold)."""
 
-    matchLabels: dict[str, str] = Field(default_factory=dict)
-    matchExpressions: list[SelectorRequirement] = Field(default_factory=list)
+    matchLabels: dict[str, str] = Field(default_factory=dict, max_length=MAX_PATTERNS)
+    matchExpressions: list[SelectorRequirement] = Field(default_factory=list, max_length=MAX_PATTERNS)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(key) == value for key, value in self.matchLabels.items()) and all(
@@ -228,7 +353,8 @@ class LabelSelector(_Model):
 class NamespaceOverride(_Model):
     """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access)."""
 
-    names: list[str] = Field(default_factory=list)
+    # A name that is not a namespace name (`Kube-System`) would silently never match.
+    names: list[NamespaceName] = Field(default_factory=list, max_length=MAX_NAMESPACE_NAMES)
     selector: LabelSelector | None = None
     mode: ModeField | None = None
     rules: dict[RuleId, ModeField] = Field(default_factory=dict)
@@ -245,13 +371,15 @@ class Policy(_Model):
     mode: ModeField
     accelerators: Accelerators
     rules: Rules
-    priorityClasses: dict[str, Annotated[int, Field(le=HIGHEST_USER_PRIORITY)]]
-    namespaces: list[NamespaceOverride]
+    priorityClasses: dict[ClassName, Annotated[int, Field(ge=LOWEST_PRIORITY, le=HIGHEST_USER_PRIORITY)]] = (
+        Field(max_length=MAX_PRIORITY_CLASSES)
+    )
+    namespaces: list[NamespaceOverride] = Field(max_length=MAX_NAMESPACE_ENTRIES)
     _hash: str = PrivateAttr(default="")
 
     @property
     def hash(self) -> str:
-        """The hash of the source text, set by parse_policy; names the policy in annotations and metrics."""
+        """The hash of the effective policy, set by parse_policy; names it in annotations and metrics."""
         return self._hash
 
     @model_validator(mode="after")
@@ -262,6 +390,24 @@ class Policy(_Model):
                 if name in seen:
                     raise ValueError(f"namespaces[{index}]: namespace {name!r} is listed twice")
                 seen.add(name)
+        if len(seen) > MAX_NAMESPACE_NAMES:
+            raise ValueError(f"namespaces name {len(seen)} namespaces, more than {MAX_NAMESPACE_NAMES}")
+        return self
+
+    @model_validator(mode="after")
+    def _injected_class_passes_the_guard(self) -> Policy:
+        # The priority rule gives class-less accelerator workloads this class; the guard then judges
+        # them by its value. Below minPriority, every such workload bound for accelerator nodes would be
+        # mutated only to be denied.
+        class_name = self.rules.priority.className
+        value = self.priorityClasses.get(class_name)
+        threshold = self.rules.acceleratorNodeGuard.minPriority
+        if value is not None and value < threshold:
+            raise ValueError(
+                f"rules.priority.className {class_name} has value {value} (priorityClasses), below "
+                f"rules.acceleratorNodeGuard.minPriority {threshold}: the guard would deny every "
+                "accelerator workload the priority rule gives it to"
+            )
         return self
 
     @cached_property
@@ -305,19 +451,123 @@ class Policy(_Model):
         return self.priorityClasses.get(class_name)
 
 
-def _format_error(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        location = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"{location}: {item['msg']}")
-    return "; ".join(lines)
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's complaint and where (line and column), without its `in "<unicode string>"`: the caller
+    names the source, which PyYAML never knows for text."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc)
+
+    def at(mark: yaml.Mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    problem, start = exc.problem_mark, exc.context_mark
+    context = exc.context or ""
+    # Where the construct that failed began (an unclosed `[`), when that is somewhere else.
+    if (
+        context
+        and start is not None
+        and (problem is None or (start.line, start.column) != (problem.line, problem.column))
+    ):
+        context += f" (from {at(start)})"
+    what = ", ".join(part for part in (context, exc.problem) if part)
+    mark = problem or start
+    return f"{at(mark)}: {what}" if mark is not None else what
+
+
+def describe_errors(error: ValidationError, model: type[BaseModel]) -> str:
+    """`error` (from validating `model`) as one line a user can act on: each problem at its path in one
+    notation (`namespaces[1].names`), unknown keys and values with the closest valid one suggested."""
+    return "; ".join(_describe(item, model) for item in error.errors())
+
+
+def _describe(item: ErrorDetails, model: type[BaseModel]) -> str:
+    location = list(item["loc"])
+    # A wrong key of a mapping is reported at the key, with a "[key]" marker after it.
+    is_key = bool(location) and location[-1] == "[key]"
+    if is_key:
+        location.pop()
+    given = item.get("input")
+    if item["type"] == "extra_forbidden":
+        fields = _fields_at(model, location[:-1])
+        message = "unknown key" + (
+            _did_you_mean(str(location[-1]), fields) or f" (expected one of: {', '.join(fields)})"
+        )
+    elif item["type"] == "literal_error":
+        expected = str(item.get("ctx", {}).get("expected", ""))
+        message = f"unknown {'key' if is_key else 'value'} {given!r}, expected {expected}"
+        message += _did_you_mean(str(given), re.findall(r"'([^']*)'", expected))
+    elif item["type"] in ("value_error", "assertion_error") and "error" in item.get("ctx", {}):
+        message = str(item["ctx"]["error"])
+    elif item["type"] == "missing":
+        message = "required"
+    elif item["type"] == "string_pattern_mismatch":
+        pattern = str(item.get("ctx", {}).get("pattern", ""))
+        message = f"{given!r} is not {_PATTERN_WORDS.get(pattern, f'matching {pattern}')}"
+    else:
+        message = item["msg"].replace("Input should be", "must be")
+        if isinstance(given, str | int | float | bool):
+            message += f", got {given!r}"
+    path = field_path(location)
+    return f"{path}: {message}" if path else message
+
+
+# What the name patterns mean, in the words of the Kubernetes API's own errors.
+_PATTERN_WORDS = {
+    DNS_LABEL: "a valid name: lower-case letters, digits and '-', starting and ending with a letter or digit",
+    DNS_SUBDOMAIN: "a valid name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit",
+}
+
+
+def field_path(location: Sequence[int | str]) -> str:
+    """("namespaces", 1, "names") -> namespaces[1].names; a key that is not a plain word is quoted."""
+    path = ""
+    for part in location:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z0-9_-]+", part):
+            path += f".{part}" if path else part
+        else:
+            path += f"[{json.dumps(part)}]"
+    return path
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _fields_at(model: type[BaseModel], location: Sequence[int | str]) -> list[str]:
+    """The field names of the model found at `location` below `model` (none when it is no model)."""
+    annotation: Any = model
+    for part in location:
+        if isinstance(part, int):
+            continue  # an item of a list: its type is the model found inside the list's annotation
+        found = _model_in(annotation)
+        if found is None or part not in found.model_fields:
+            return []
+        annotation = found.model_fields[part].annotation
+    found = _model_in(annotation)
+    return list(found.model_fields) if found is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: itself, or inside `list[...]`, `X | None`, `Annotated[...]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
 
 
 def _load_mapping(text: str) -> dict[str, Any]:
     try:
-        data: Any = yaml.safe_load(text)
+        data: Any = load_policy_yaml(text)
     except yaml.YAMLError as exc:
-        raise PolicyError(f"policy is not valid YAML: {exc}") from exc
+        raise PolicyError(f"policy is not valid YAML: {yaml_problem(exc)}") from exc
+    except PolicyTextError as exc:
+        raise PolicyError(f"policy refused: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -370,11 +620,25 @@ def parse_policy(text: str) -> Policy:
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(f"invalid policy: {_format_error(exc)}") from exc
-    # Hash the effective policy, so the same text under a newer embedded default gets a new hash.
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        raise PolicyError(f"invalid policy: {describe_errors(exc, Policy)}") from exc
+    # Hash the effective policy as validated, so that equal policies (the same text under a newer
+    # default gets a new one; exit codes in another order do not) get equal hashes.
+    canonical = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     policy._hash = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    _prepare(policy)
     return policy
+
+
+def _prepare(model: BaseModel) -> None:
+    """Computes every cached_property of the policy and its parts (compiled patterns, indexes) now."""
+    for name in dir(type(model)):
+        if isinstance(getattr(type(model), name, None), cached_property):
+            getattr(model, name)
+    for field in type(model).model_fields:
+        value = getattr(model, field)
+        for part in value if isinstance(value, list) else [value]:
+            if isinstance(part, BaseModel):
+                _prepare(part)
 
 
 @cache
