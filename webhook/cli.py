@@ -7,6 +7,7 @@ gpuguard review [--validate] FILE|-               prints the AdmissionReview ans
 gpuguard policy check FILE | policy default | policy status [--url URL --cacert FILE]
 gpuguard certs generate [--dir certs] [--service NAME --namespace NS] [--san NAME]
 gpuguard certs rotate --secret NS/NAME            starts a CA rotation the running replicas complete
+gpuguard nodes drivers [-f FILE|- | --kubeconfig FILE]   driver/CUDA versions by pool; exit 1 if any mixed
 """
 
 from __future__ import annotations
@@ -232,6 +233,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nodes_drivers(args: argparse.Namespace) -> int:
+    from webhook.policy import drivers
+    from webhook.policy.facts import nodes_of
+
+    if args.file:
+        nodes = nodes_of(_documents(args.file))
+    else:
+        from webhook.kube.client import api_client  # the Kubernetes client only against a cluster
+        from webhook.kube.facts import list_nodes
+
+        nodes = list_nodes(api_client(args.kubeconfig))
+    pools = drivers.summarise(nodes, _load_policy(args.policy).rules.driverCompatibility.nodeLabels)
+    sys.stdout.write(drivers.table(pools))
+    return EXIT_DENIED if any(pool.mixed for pool in pools) else 0
+
+
 def cmd_policy_status(args: argparse.Namespace) -> int:
     context = ssl.create_default_context(cafile=args.cacert)
     with urllib.request.urlopen(f"{args.url.rstrip('/')}/policy", context=context, timeout=5) as response:
@@ -351,6 +368,16 @@ def _parser() -> argparse.ArgumentParser:
     rotate.add_argument("--secret", required=True, metavar="NAMESPACE/NAME", type=_namespaced_name)
     rotate.add_argument("--kubeconfig", help="cluster credentials; in a pod the service account is used")
     rotate.set_defaults(run=cmd_certs_rotate)
+
+    nodes = commands.add_parser("nodes", help="look at the cluster's nodes").add_subparsers(
+        dest="nodes_command", required=True
+    )
+    node_drivers = with_policy(
+        nodes.add_parser("drivers", help="driver and CUDA versions by node pool and GPU product")
+    )
+    node_drivers.add_argument("-f", "--file", help="a node list (kubectl get nodes -o yaml); - for stdin")
+    node_drivers.add_argument("--kubeconfig", help="without -f: list the nodes of this cluster")
+    node_drivers.set_defaults(run=cmd_nodes_drivers)
     return parser
 
 

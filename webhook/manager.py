@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from webhook import probes
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
+from webhook.policy import drivers
 from webhook.policy.model import Policy, default_policy, parse_policy
 from webhook.policy_store import FileWatcher, PolicyStore
 
@@ -129,11 +130,16 @@ def _probes(state: State) -> probes.Probes:
             "unavailableLookups": list(state.facts.unavailable),
         }
 
-    return probes.Probes(
-        detail=lambda: f"policy={state.policy.hash}",
-        metrics=lambda: state.metrics.render(state.store.status()),
-        status=status,
-    )
+    def metrics() -> str:
+        nodes = state.facts.nodes
+        pools = (
+            None
+            if nodes is None
+            else drivers.summarise(nodes, state.policy.rules.driverCompatibility.nodeLabels)
+        )
+        return state.metrics.render(state.store.status(), pools)
+
+    return probes.Probes(detail=lambda: f"policy={state.policy.hash}", metrics=metrics, status=status)
 
 
 def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, State]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+from webhook.policy.drivers import PoolDrivers
 from webhook.policy.engine import Decision
 from webhook.policy_store import PolicyStatus
 
@@ -53,7 +54,8 @@ class Metrics:
         for decision in decisions:
             self.decisions[(decision.rule, decision.mode, decision.outcome)] += 1
 
-    def render(self, policy: PolicyStatus) -> str:
+    def render(self, policy: PolicyStatus, driver_pools: Sequence[PoolDrivers] | None = None) -> str:
+        """The exposition; `driver_pools` (from the node cache, None without one) adds the driver gauges."""
         lines = [
             "# HELP gpuguard_admission_requests_total AdmissionReviews answered, by endpoint and result.",
             "# TYPE gpuguard_admission_requests_total counter",
@@ -86,4 +88,17 @@ class Metrics:
             "# TYPE gpuguard_policy_errors_total counter",
             f"gpuguard_policy_errors_total {policy.errors}",
         ]
+        if driver_pools is not None:
+            lines += [
+                "# HELP gpuguard_driver_versions Driver versions among the GPU nodes of one pool and product (>1: mixed).",
+                "# TYPE gpuguard_driver_versions gauge",
+            ]
+            for pool in driver_pools:
+                labels = _labels(pool=pool.pool, product=pool.product)
+                lines.append(f"gpuguard_driver_versions{labels} {len(pool.drivers)}")
+            lines += [
+                "# HELP gpuguard_driver_mixed_pools Pools (by product) whose GPU nodes mix driver or CUDA versions.",
+                "# TYPE gpuguard_driver_mixed_pools gauge",
+                f"gpuguard_driver_mixed_pools {sum(pool.mixed for pool in driver_pools)}",
+            ]
         return "\n".join(lines) + "\n"

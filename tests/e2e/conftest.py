@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import re
-import secrets
-import subprocess
-import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 from controlplane import ControlPlane, log_tail
+from session import (
+    BUILD_SCRIPT,
+    announce,
+    build_control_plane,
+    namespace_name,
+    summary_fixture,
+    summary_lines,
+)
 from webhook_harness import (
-    REPO_ROOT,
     WebhookProcess,
     default_priority_classes,
     install_priority_classes,
@@ -22,10 +26,8 @@ from webhook_harness import (
 )
 
 HERE = Path(__file__).resolve().parent
-BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "build.sh"
 CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()
 WEBHOOK_KEY = pytest.StashKey[WebhookProcess]()
-SUMMARY_KEY = pytest.StashKey[list[str]]()
 
 
 def _pinned_version() -> str:
@@ -33,17 +35,6 @@ def _pinned_version() -> str:
     go_mod = (BUILD_SCRIPT.parent / "go.mod").read_text()
     match = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", go_mod, re.MULTILINE)
     return match.group(1) if match else "unknown"
-
-
-def _announce(config: pytest.Config, message: str) -> None:
-    """Writes straight to the terminal, even with output capture on and under -q."""
-    reporter: pytest.TerminalReporter | None = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None:
-        print(message, file=sys.stderr)
-        return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line(message)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -65,7 +56,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             f"e2e: ran against Kubernetes {plane.version} (etcd {plane.etcd_version}), "
             f"control plane started in {plane.startup_seconds:.1f} s"
         )
-    for line in config.stash.get(SUMMARY_KEY, []):
+    for line in summary_lines(config, "e2e"):
         terminalreporter.write_line(f"e2e: {line}")
 
 
@@ -86,26 +77,20 @@ def pytest_runtest_makereport(
     return report
 
 
-def _build_control_plane(config: pytest.Config) -> Path:
-    # No-op once the binaries are cached; a cold build takes about 10 min, so let its progress through.
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    assert capture is not None
-    with capture.global_and_fixture_disabled():
-        result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
-    if result.returncode != 0:
-        pytest.fail(f"{BUILD_SCRIPT} failed with exit code {result.returncode}", pytrace=False)
-    return Path(result.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="session")
+def k8s_bin(pytestconfig: pytest.Config) -> Path:
+    """The folder of the Go-built Kubernetes binaries and etcd."""
+    return build_control_plane(pytestconfig)
 
 
 @pytest.fixture(scope="session")
 def control_plane(
-    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+    k8s_bin: Path, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
-    bin_dir = _build_control_plane(pytestconfig)
-    plane = ControlPlane.start(bin_dir, tmp_path_factory.mktemp("controlplane"))
+    plane = ControlPlane.start(k8s_bin, tmp_path_factory.mktemp("controlplane"))
     try:
         pytestconfig.stash[CONTROL_PLANE_KEY] = plane
-        _announce(
+        announce(
             pytestconfig,
             f"e2e: Kubernetes {plane.version} control plane ready in {plane.startup_seconds:.1f} s",
         )
@@ -140,22 +125,10 @@ def gpuguard(
 def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test. Deletion is fire-and-forget: without kube-controller-manager a
     namespace stays Terminating forever."""
-    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
-    name = f"{stem or 'e2e'}-{secrets.token_hex(3)}"
+    name = namespace_name(request, "e2e")
     control_plane.kubectl("create", "namespace", name)
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-@pytest.fixture
-def summary(
-    pytestconfig: pytest.Config, record_property: Callable[[str, object], None]
-) -> Callable[[str, str], None]:
-    """`summary(key, text)`: a measurement worth reading without -s. It is printed in the terminal summary
-    (also under -q) and recorded as a property of the test (JUnit XML)."""
-
-    def add(key: str, text: str) -> None:
-        record_property(key, text)
-        pytestconfig.stash.setdefault(SUMMARY_KEY, []).append(text)
-
-    return add
+summary = summary_fixture("e2e")

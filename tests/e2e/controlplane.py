@@ -1,23 +1,21 @@
 """A throwaway Kubernetes control plane (etcd + kube-apiserver) on loopback, for end-to-end tests.
 
-Modelled on controller-runtime's envtest: no
-kube-controller-manager, no scheduler, no nodes. So pods stay Pending, namespaces never finish
-deleting, and the ServiceAccount admission plugin is disabled (nothing creates `default` SAs).
+Modelled on controller-runtime's envtest: by default no kube-controller-manager, no scheduler, no
+nodes. So pods stay Pending, namespaces never finish deleting, and the ServiceAccount admission
+plugin is disabled (nothing creates `default` SAs). `start_controller_manager` and
+`start_scheduler` add the real ones for tests that need them (the node tier, the controllers).
 """
 
 from __future__ import annotations
 
 import base64
 import collections
-import ctypes
 import http.client
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +32,21 @@ LOOPBACK = "127.0.0.1"
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 ADMIN_USER = "gpuguard-e2e-admin"
 POLL_INTERVAL = 0.2
+# What a cluster needs for pods on real nodes to live and die as they would in production: nodes
+# that stop reporting are tainted and their pods evicted, Jobs run and count failures against their
+# podFailurePolicy, PodDisruptionBudgets are honoured, owned objects and namespaces are cleaned up.
+CONTROLLERS = (
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "job-controller",
+    "disruption-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "garbage-collector-controller",
+    "pod-garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+)
 
 
 def free_ports(count: int) -> list[int]:
@@ -53,13 +66,12 @@ def without_proxies(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in (os.environ if env is None else env).items() if k not in PROXY_VARS}
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if pytest itself is killed (SIGKILL, OOM), the kernel kills the
-    # child too, so nothing outlives the session even without teardown. SIGKILL, not SIGTERM: an
-    # apiserver whose etcd dies at the same moment hangs in its graceful shutdown.
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Prefixed to every command: if pytest itself is killed (SIGKILL, OOM), the kernel kills the child
+# too, so nothing outlives the session even without teardown. SIGKILL, not SIGTERM: an apiserver
+# whose etcd dies at the same moment hangs in its graceful shutdown. setpriv sets the parent-death
+# signal and execs, so no Python code runs between fork and exec (a preexec_fn would), which a
+# process with gRPC threads running (the node tier's device plugins) does not survive.
+DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--")
 
 
 def spawn(
@@ -68,7 +80,7 @@ def spawn(
     log = log_path.open("ab")
     try:
         popen = subprocess.Popen(
-            [str(a) for a in argv],
+            [*DIE_WITH_PARENT, *(str(a) for a in argv)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -77,7 +89,6 @@ def spawn(
             # Own session: a Ctrl-C in the terminal reaches only pytest, whose teardown then stops the
             # processes in order (the webhook configurations are deleted while the apiserver still runs).
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
     except BaseException:
         log.close()
@@ -151,6 +162,7 @@ def http_get(port: int, path: str, context: ssl.SSLContext | None = None) -> tup
 @dataclass(frozen=True)
 class Pki:
     ca: Path
+    ca_key: Path
     serving_cert: Path
     serving_key: Path
     admin_cert: Path
@@ -168,6 +180,7 @@ class Pki:
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         files = {
             "ca.crt": ca.cert_pem,
+            "ca.key": ca.key_pem,
             "apiserver.crt": serving.cert_pem,
             "apiserver.key": serving.key_pem,
             "admin.crt": admin.cert_pem,
@@ -186,6 +199,7 @@ class Pki:
         d = directory
         return cls(
             d / "ca.crt",
+            d / "ca.key",
             d / "apiserver.crt",
             d / "apiserver.key",
             d / "admin.crt",
@@ -193,6 +207,20 @@ class Pki:
             d / "sa.pub",
             d / "sa.key",
         )
+
+    def issue_client(self, user: str, groups: Sequence[str] = ()) -> tuple[Path, Path]:
+        """A client certificate for `user` in `groups`, signed by the cluster CA: (cert, key) files."""
+        ca = tls.KeyPair(self.ca.read_bytes(), self.ca_key.read_bytes())
+        pair = tls.issue(ca, user, organizations=list(groups), usage="client")
+        stem = self.ca.parent / user.replace(":", "-")
+        cert, key = stem.with_suffix(".crt"), stem.with_suffix(".key")
+        cert.write_bytes(pair.cert_pem)
+        key.write_bytes(pair.key_pem)
+        return cert, key
+
+    def verify_context(self) -> ssl.SSLContext:
+        """Trusts the cluster CA, which also signs the serving certificate of every component."""
+        return ssl.create_default_context(cafile=str(self.ca))
 
     def admin_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.ca))
@@ -216,15 +244,33 @@ class KubectlError(subprocess.CalledProcessError):
         return f"{super().__str__()}\nstdout: {self.stdout}\nstderr: {self.stderr}"
 
 
-class ControlPlane:
-    """Running etcd + kube-apiserver. Use `ControlPlane.start(...)`, then `stop()` (or `with`)."""
+def _as_args(flags: Mapping[str, str]) -> list[str]:
+    return [f"--{name}={value}" for name, value in flags.items()]
 
-    def __init__(self, bin_dir: Path, workdir: Path) -> None:
+
+def _duration(seconds: float) -> str:
+    """A Go duration flag value."""
+    return f"{seconds:g}s"
+
+
+class ControlPlane:
+    """Running etcd + kube-apiserver. Use `ControlPlane.start(...)`, then `stop()` (or `with`).
+
+    `apiserver_flags` override or add kube-apiserver flags by name (without the dashes), for
+    example `{"authorization-mode": "Node,RBAC"}`.
+    """
+
+    def __init__(
+        self, bin_dir: Path, workdir: Path, apiserver_flags: Mapping[str, str] | None = None
+    ) -> None:
         self.bin_dir = bin_dir
         self.workdir = workdir
+        self.apiserver_flags = dict(apiserver_flags or {})
         self.kubeconfig = workdir / "kubeconfig"
         self.apiserver_log = workdir / "apiserver.log"
         self.etcd_log = workdir / "etcd.log"
+        self.controller_manager_log = workdir / "kube-controller-manager.log"
+        self.scheduler_log = workdir / "kube-scheduler.log"
         self.version = ""
         self.etcd_version = ""
         self.startup_seconds = 0.0
@@ -234,8 +280,15 @@ class ControlPlane:
         self._processes: list[Process] = []
 
     @classmethod
-    def start(cls, bin_dir: Path, workdir: Path, timeout: float = 120.0) -> ControlPlane:
-        plane = cls(bin_dir, workdir)
+    def start(
+        cls,
+        bin_dir: Path,
+        workdir: Path,
+        timeout: float = 120.0,
+        *,
+        apiserver_flags: Mapping[str, str] | None = None,
+    ) -> ControlPlane:
+        plane = cls(bin_dir, workdir, apiserver_flags)
         try:
             plane._start(timeout)
         except BaseException:  # includes KeyboardInterrupt: never leave half a control plane running
@@ -251,7 +304,7 @@ class ControlPlane:
         )
         self.etcd_version = json.loads(http_get(self.etcd_port, "/version")[1] or b"{}").get("etcdserver", "")
         apiserver = self._start_apiserver()
-        self._write_kubeconfig()
+        self.write_kubeconfig(self.kubeconfig, ADMIN_USER, self.pki.admin_cert, self.pki.admin_key)
         # /readyz with admin credentials: anonymous requests may be refused until RBAC bootstrap is done.
         context = self.pki.admin_context()
         wait_until(
@@ -281,38 +334,115 @@ class ControlPlane:
 
     def _start_apiserver(self) -> Process:
         pki = self.pki
-        argv: list[str | Path] = [
-            self.bin_dir / "kube-apiserver",
-            f"--etcd-servers=http://{LOOPBACK}:{self.etcd_port}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={self.port}",
+        flags = {
+            "etcd-servers": f"http://{LOOPBACK}:{self.etcd_port}",
+            "bind-address": LOOPBACK,
+            "secure-port": str(self.port),
             # Without a default route the apiserver can't guess an address; a loopback one is rejected
             # by the endpoint reconciler (k8s#28723, #138102), so turn reconciling off.
-            f"--advertise-address={LOOPBACK}",
-            "--endpoint-reconciler-type=none",
-            f"--cert-dir={self.workdir / 'pki'}",
-            f"--tls-cert-file={pki.serving_cert}",
-            f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca}",
-            "--authorization-mode=RBAC",
-            f"--service-account-issuer=https://{LOOPBACK}:{self.port}",
-            f"--service-account-key-file={pki.sa_public}",
-            f"--service-account-signing-key-file={pki.sa_private}",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            "--allow-privileged=true",
+            "advertise-address": LOOPBACK,
+            "endpoint-reconciler-type": "none",
+            "cert-dir": str(self.workdir / "pki"),
+            "tls-cert-file": str(pki.serving_cert),
+            "tls-private-key-file": str(pki.serving_key),
+            "client-ca-file": str(pki.ca),
+            "authorization-mode": "RBAC",
+            "service-account-issuer": f"https://{LOOPBACK}:{self.port}",
+            "service-account-key-file": str(pki.sa_public),
+            "service-account-signing-key-file": str(pki.sa_private),
+            "service-cluster-ip-range": "10.0.0.0/24",
+            "allow-privileged": "true",
             # Without kube-controller-manager no namespace gets a `default` ServiceAccount, and this
             # plugin would reject every pod before the webhooks run.
-            "--disable-admission-plugins=ServiceAccount",
-            "--profiling=false",
-        ]
+            "disable-admission-plugins": "ServiceAccount",
+            "profiling": "false",
+        }
+        flags.update(self.apiserver_flags)
+        argv: list[str | Path] = [self.bin_dir / "kube-apiserver", *_as_args(flags)]
         return self._spawn(argv, self.apiserver_log)
+
+    def start_controller_manager(
+        self,
+        *,
+        controllers: Sequence[str] = CONTROLLERS,
+        node_monitor_period: float = 5.0,
+        node_monitor_grace_period: float = 50.0,
+        node_startup_grace_period: float = 60.0,
+        flags: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+    ) -> Process:
+        """The real kube-controller-manager running `controllers` with the admin's credentials (every
+        controller under one identity: no per-controller ServiceAccounts, which a test does not need).
+
+        The node-lifecycle timings are kube-controller-manager's defaults unless given (seconds):
+        `node_monitor_grace_period` is how long a node may go without a heartbeat (its Lease) before
+        it is marked Unknown and tainted `node.kubernetes.io/unreachable`; keep it a few times the
+        kubelets' lease renew interval. `flags` add or override any other flag by name. Waits for
+        /healthz; stopped with the control plane (or earlier through the returned Process).
+        """
+        (port,) = free_ports(1)
+        all_flags = {
+            "kubeconfig": str(self.kubeconfig),
+            "bind-address": LOOPBACK,
+            "secure-port": str(port),
+            "tls-cert-file": str(self.pki.serving_cert),
+            "tls-private-key-file": str(self.pki.serving_key),
+            "leader-elect": "false",
+            "controllers": ",".join(controllers),
+            "node-monitor-period": _duration(node_monitor_period),
+            "node-monitor-grace-period": _duration(node_monitor_grace_period),
+            "node-startup-grace-period": _duration(node_startup_grace_period),
+            "service-account-private-key-file": str(self.pki.sa_private),
+            "root-ca-file": str(self.pki.ca),
+            "profiling": "false",
+            **(flags or {}),
+        }
+        argv: list[str | Path] = [self.bin_dir / "kube-controller-manager", *_as_args(all_flags)]
+        return self._start_component(argv, self.controller_manager_log, port, "/healthz", timeout)
+
+    def start_scheduler(self, *, flags: Mapping[str, str] | None = None, timeout: float = 60.0) -> Process:
+        """The real kube-scheduler with the admin's credentials and its default profile. Waits for
+        /readyz; stopped with the control plane (or earlier through the returned Process)."""
+        (port,) = free_ports(1)
+        all_flags = {
+            "kubeconfig": str(self.kubeconfig),
+            "bind-address": LOOPBACK,
+            "secure-port": str(port),
+            "tls-cert-file": str(self.pki.serving_cert),
+            "tls-private-key-file": str(self.pki.serving_key),
+            "leader-elect": "false",
+            "profiling": "false",
+            **(flags or {}),
+        }
+        argv: list[str | Path] = [self.bin_dir / "kube-scheduler", *_as_args(all_flags)]
+        return self._start_component(argv, self.scheduler_log, port, "/readyz", timeout)
+
+    def _start_component(
+        self, argv: Sequence[str | Path], log_path: Path, port: int, health_path: str, timeout: float
+    ) -> Process:
+        process = self._spawn(argv, log_path)
+        context = self.pki.verify_context()  # health paths are open to anonymous requests by default
+        try:
+            wait_until(
+                lambda: http_get(port, health_path, context)[0] == 200,
+                timeout=timeout,
+                what=f"{Path(argv[0]).name} {health_path}",
+                process=process,
+            )
+        except BaseException:
+            process.stop()
+            self._processes.remove(process)
+            raise
+        return process
 
     def _spawn(self, argv: Sequence[str | Path], log_path: Path) -> Process:
         process = spawn(argv, log_path, without_proxies(), cwd=self.workdir)
         self._processes.append(process)
         return process
 
-    def _write_kubeconfig(self) -> None:
+    def write_kubeconfig(self, path: Path, user: str, cert: Path, key: Path) -> None:
+        """A kubeconfig for this API server that authenticates as `user` with a client certificate."""
+
         def b64(path: Path) -> str:
             return base64.b64encode(path.read_bytes()).decode()
 
@@ -329,20 +459,14 @@ class ControlPlane:
                 }
             ],
             "users": [
-                {
-                    "name": ADMIN_USER,
-                    "user": {
-                        "client-certificate-data": b64(self.pki.admin_cert),
-                        "client-key-data": b64(self.pki.admin_key),
-                    },
-                }
+                {"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}
             ],
             "contexts": [
-                {"name": "e2e", "context": {"cluster": "e2e", "user": ADMIN_USER, "namespace": "default"}}
+                {"name": "e2e", "context": {"cluster": "e2e", "user": user, "namespace": "default"}}
             ],
             "current-context": "e2e",
         }
-        self.kubeconfig.write_text(json.dumps(config, indent=2))  # JSON is YAML, kubectl reads it
+        path.write_text(json.dumps(config, indent=2))  # JSON is YAML, kubectl reads it
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
@@ -369,7 +493,8 @@ class ControlPlane:
         return [p.popen.pid for p in self._processes]
 
     def stop(self) -> None:
-        # apiserver first, so it doesn't spend its shutdown retrying a vanished etcd.
+        # Last started first: the controllers before the apiserver, the apiserver before etcd (so it
+        # doesn't spend its shutdown retrying a vanished etcd).
         for process in reversed(self._processes):
             process.stop()
         self._processes.clear()

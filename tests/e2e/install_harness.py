@@ -91,20 +91,23 @@ def ca_bundles(plane: ControlPlane) -> dict[str, list[x509.Certificate]]:
 def route_to(
     plane: ControlPlane, urls: Mapping[str, str], *, failure_policy: str, namespace_label: str
 ) -> None:
-    """Points each webhook configuration at a URL (a replica on loopback) instead of the Service, sets its
-    failurePolicy, and narrows it to namespaces carrying `namespace_label`=true, so the rest of the suite
-    never meets it. Everything else (rules, matchConditions, exclusions) stays as deploy/ has it."""
+    """Points every webhook of each configuration at a URL (a replica on loopback) instead of the Service,
+    sets its failurePolicy, and narrows it to namespaces carrying `namespace_label`=true, so the rest of the
+    suite never meets it. Everything else (rules, matchConditions, exclusions) stays as deploy/ has it."""
     for kind in CONFIGURATION_KINDS:
-        operations = [
-            {"op": "remove", "path": "/webhooks/0/clientConfig/service"},
-            {"op": "add", "path": "/webhooks/0/clientConfig/url", "value": urls[kind]},
-            {"op": "replace", "path": "/webhooks/0/failurePolicy", "value": failure_policy},
-            {
-                "op": "add",
-                "path": "/webhooks/0/namespaceSelector/matchLabels",
-                "value": {namespace_label: "true"},
-            },
-        ]
+        webhooks = plane.kubectl_json("get", kind, CONFIGURATION)["webhooks"]
+        operations = []
+        for index in range(len(webhooks)):
+            operations += [
+                {"op": "remove", "path": f"/webhooks/{index}/clientConfig/service"},
+                {"op": "add", "path": f"/webhooks/{index}/clientConfig/url", "value": urls[kind]},
+                {"op": "replace", "path": f"/webhooks/{index}/failurePolicy", "value": failure_policy},
+                {
+                    "op": "add",
+                    "path": f"/webhooks/{index}/namespaceSelector/matchLabels",
+                    "value": {namespace_label: "true"},
+                },
+            ]
         plane.kubectl("patch", kind, CONFIGURATION, "--type=json", "-p", json.dumps(operations))
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from controlplane import ControlPlane
+from controlplane import ControlPlane, wait_until
 from webhook_harness import (
     CONFIG_NAME,
     MUTATING_WEBHOOK,
@@ -53,3 +54,32 @@ def test_registered_webhook_is_called(
         "create", "--dry-run=server", "-f", "-", input=json.dumps(gpu_pod("gpu", "kube-system"))
     )
     assert not gpuguard_annotations(excluded)
+
+
+def test_controller_manager_and_scheduler_are_opt_in_additions(k8s_bin: Path, tmp_path: Path) -> None:
+    # A control plane of its own: the session's stays without controllers, as the other tests expect.
+    with ControlPlane.start(k8s_bin, tmp_path) as plane:
+        plane.start_controller_manager(node_monitor_grace_period=10)
+        plane.start_scheduler()
+        # The serviceaccount controller gives every namespace its `default` ServiceAccount.
+        wait_until(
+            lambda: plane.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
+            timeout=30,
+            what="default ServiceAccount",
+        )
+        # The scheduler tries the pod, finds no node, and says so on the pod.
+        plane.kubectl("create", "-f", "-", input=json.dumps(cpu_pod("unschedulable", "default")))
+        wait_until(
+            lambda: _condition(plane, "unschedulable", "PodScheduled") == ("False", "Unschedulable"),
+            timeout=30,
+            what="PodScheduled=False",
+        )
+        # The namespace controller finishes deleting a namespace (without it, it stays Terminating).
+        plane.kubectl("create", "namespace", "short-lived")
+        plane.kubectl("delete", "namespace", "short-lived", "--timeout=30s")
+        assert plane.running
+
+
+def _condition(plane: ControlPlane, pod: str, kind: str) -> tuple[str, str] | None:
+    conditions = plane.kubectl_json("get", "pod", pod).get("status", {}).get("conditions") or []
+    return next(((c["status"], c.get("reason", "")) for c in conditions if c["type"] == kind), None)

@@ -17,6 +17,7 @@ import yaml
 from controlplane import ControlPlane
 from webhook_harness import (
     API_SERVER_DEFAULT_SECONDS,
+    CORPUS,
     MUTATING_WEBHOOK,
     READINESS_KEYS,
     REPO_ROOT,
@@ -30,7 +31,6 @@ from webhook_harness import (
     submit,
 )
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 EXAMPLES = REPO_ROOT / "examples"
 CORPUS_FILES = sorted(CORPUS.glob("*.yaml"))
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))

@@ -128,27 +128,41 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
 
 
 def test_webhook_configurations_are_deliberate(rendered: list[dict[str, Any]]) -> None:
-    for kind, path in (
-        ("MutatingWebhookConfiguration", "/mutate"),
-        ("ValidatingWebhookConfiguration", "/validate"),
+    mutating_webhooks = find(rendered, "MutatingWebhookConfiguration", CONFIGURATION)["webhooks"]
+    validating_webhooks = find(rendered, "ValidatingWebhookConfiguration", CONFIGURATION)["webhooks"]
+    assert [w["name"] for w in validating_webhooks] == ["validate.gpuguard.io", "device-software.gpuguard.io"]
+    for webhook, path in (
+        *((w, "/mutate") for w in mutating_webhooks),
+        *((w, "/validate") for w in validating_webhooks),
     ):
-        (webhook,) = find(rendered, kind, CONFIGURATION)["webhooks"]
-
         assert webhook["failurePolicy"] == "Ignore"
         assert 1 <= webhook["timeoutSeconds"] <= 5
         assert webhook["sideEffects"] == "None"
         assert webhook["admissionReviewVersions"] == ["v1"]
-        assert {op for rule in webhook["rules"] for op in rule["operations"]} == {"CREATE"}
-        (excluded,) = webhook["namespaceSelector"]["matchExpressions"]
-        assert excluded["key"] == "kubernetes.io/metadata.name"
-        assert excluded["operator"] == "NotIn"
-        assert {"kube-system", "kube-node-lease", NAMESPACE} <= set(excluded["values"])
         assert webhook["matchConditions"]
         assert webhook["clientConfig"] == {
             "service": {"name": "gpuguard", "namespace": NAMESPACE, "path": path, "port": 443}
         }  # and no caBundle: gpuguard owns it
-    (mutating,) = find(rendered, "MutatingWebhookConfiguration")["webhooks"]
+    (mutating,) = mutating_webhooks
+    guarded, device_software = validating_webhooks
     assert mutating["reinvocationPolicy"] == "IfNeeded"
+    # Mutation on CREATE only; validation also on UPDATE (matchConditions pass device software alone).
+    assert {op for rule in mutating["rules"] for op in rule["operations"]} == {"CREATE"}
+    assert {op for rule in guarded["rules"] for op in rule["operations"]} == {"CREATE", "UPDATE"}
+    assert "daemonsets" not in {r for rule in mutating["rules"] for r in rule["resources"]}
+    assert {"daemonsets", "pods/ephemeralcontainers"} <= {
+        r for rule in guarded["rules"] for r in rule["resources"]
+    }
+    assert device_software["rules"] == guarded["rules"]
+    # The first two leave out the control plane's namespaces and gpuguard's own; the third sees only
+    # kube-system, where device plugins live.
+    for webhook in (mutating, guarded):
+        (excluded,) = webhook["namespaceSelector"]["matchExpressions"]
+        assert (excluded["key"], excluded["operator"]) == ("kubernetes.io/metadata.name", "NotIn")
+        assert {"kube-system", "kube-node-lease", NAMESPACE} <= set(excluded["values"])
+    assert device_software["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["kube-system"]}
+    ]
 
 
 def test_fail_closed_overlay_changes_only_the_failure_policy(
@@ -445,6 +459,30 @@ def _cpu_deployment(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
+def _with_device_plugin_mount(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["volumes"] = [{"name": "dp", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "dp", "mountPath": "/var/lib/kubelet/device-plugins"}
+    ]
+    return pod
+
+
+def _daemonset(name: str, namespace: str, template: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": template["spec"]},
+        },
+    }
+
+
+def _device_plugin_daemonset(name: str, namespace: str) -> dict[str, Any]:
+    return _daemonset(name, namespace, _with_device_plugin_mount(cpu_pod(name, namespace)))
+
+
 def _pinned_pod(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     pod = cpu_pod(name, namespace)
     pod["spec"].update(spec)
@@ -473,6 +511,13 @@ CALLS: dict[str, tuple[Any, bool, bool]] = {
     "gpu-pod-of-a-daemonset": (lambda ns: _owned_by(gpu_pod("ds", ns), "DaemonSet", "apps/v1"), False, False),
     "gpu-pod-of-a-job": (lambda ns: _owned_by(gpu_pod("job", ns), "Job", "batch/v1"), False, True),
     "cpu-deployment": (lambda ns: _cpu_deployment("cpu", ns), False, False),
+    "device-plugin-daemonset": (lambda ns: _device_plugin_daemonset("plugin", ns), False, True),
+    "cpu-daemonset": (lambda ns: _daemonset("agent", ns, cpu_pod("agent", ns)), False, False),
+    "device-plugin-pod-of-a-daemonset": (
+        lambda ns: _owned_by(_with_device_plugin_mount(cpu_pod("ds", ns)), "DaemonSet", "apps/v1"),
+        False,
+        False,
+    ),
 }
 
 

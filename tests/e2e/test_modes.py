@@ -118,3 +118,75 @@ def test_pod_pinned_to_gpu_nodes_is_admitted(
         ), result.stderr
     else:
         assert warnings == []
+
+
+def untrusted_device_plugin(name: str, namespace: str) -> dict[str, Any]:
+    path = "/var/lib/kubelet/device-plugins"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "plugin",
+                            "image": "quay.io/example/device-plugin:v1",
+                            "volumeMounts": [{"name": "dp", "mountPath": path}],
+                        }
+                    ],
+                    "volumes": [{"name": "dp", "hostPath": {"path": path}}],
+                },
+            },
+        },
+    }
+
+
+def test_untrusted_device_software_is_admitted_and_recorded(
+    control_plane: ControlPlane, gpuguard: WebhookProcess, namespace: str, mode: str
+) -> None:
+    manifest = untrusted_device_plugin("plugin", namespace)
+    before = gpuguard_decisions(gpuguard, rule="trustedDeviceSoftware", mode=mode, outcome="would-deny")
+
+    result = submit(control_plane, "apply", manifest)
+
+    assert read_back(control_plane, manifest)["spec"]["template"]["spec"]["containers"][0][
+        "image"
+    ].startswith("quay.io/example/")
+    after = gpuguard_decisions(gpuguard, rule="trustedDeviceSoftware", mode=mode, outcome="would-deny")
+    assert after == before + 1
+    warnings = gpuguard_warnings(kubectl_warnings(result))
+    if mode == "warn":
+        # The container and its image first: kubectl's warnings are cut at 120 characters.
+        (warning,) = warnings
+        assert warning.startswith(
+            "gpuguard (warn) would deny: container plugin: image quay.io/example/device-plugin:v1 is not from"
+        ), result.stderr
+    else:
+        assert warnings == []
+
+
+def test_driver_requirement_is_recorded_not_applied(
+    control_plane: ControlPlane, gpuguard: WebhookProcess, namespace: str, mode: str
+) -> None:
+    manifest = gpu_pod("needs-550", namespace)
+    manifest["metadata"]["annotations"] = {"gpuguard.io/min-driver-major": "550"}
+    before = gpuguard_decisions(gpuguard, rule="driverCompatibility", mode=mode, outcome="would-apply")
+
+    result = submit(control_plane, "apply", manifest)
+
+    assert "affinity" not in read_back(control_plane, manifest)["spec"]
+    after = gpuguard_decisions(gpuguard, rule="driverCompatibility", mode=mode, outcome="would-apply")
+    assert after == before + 1
+    warnings = gpuguard_warnings(kubectl_warnings(result))
+    if mode == "warn":
+        assert any(
+            "would require node label nvidia.com/cuda.driver-version.major >= 550" in w for w in warnings
+        )
+        # ...and the validating check says what that leaves open.
+        assert any(w.startswith("gpuguard (warn) would deny: needs nvidia.com/cuda.driver") for w in warnings)
+    else:
+        assert warnings == []

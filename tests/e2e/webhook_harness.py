@@ -33,6 +33,11 @@ from controlplane import (
 from webhook.policy.model import parse_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The shared corpus of real-world manifests sits next to the main checkout; a worktree's is one level deeper.
+CORPUS = next(
+    (folder / "shared" / "corpus" for folder in REPO_ROOT.parents if (folder / "shared" / "corpus").is_dir()),
+    REPO_ROOT.parent / "shared" / "corpus",
+)
 CONFIG_NAME = "gpuguard-e2e"
 MUTATING_WEBHOOK = "mutate.gpuguard.io"
 VALIDATING_WEBHOOK = "validate.gpuguard.io"
@@ -145,11 +150,12 @@ class WebhookProcess:
         self.start(policy_path)
 
 
-def _rules(operations: list[str]) -> list[dict[str, Any]]:
+def _rules(operations: list[str], *, validating: bool = False) -> list[dict[str, Any]]:
+    # Validation also sees DaemonSets and `kubectl debug` containers, as in deploy/: trustedDeviceSoftware.
     groups = {
-        "": ["pods"],
+        "": ["pods", "pods/ephemeralcontainers"] if validating else ["pods"],
         "batch": ["jobs", "cronjobs"],
-        "apps": ["deployments", "statefulsets", "replicasets"],
+        "apps": ["deployments", "statefulsets", "replicasets", *(["daemonsets"] if validating else [])],
     }
     return [
         {
@@ -213,7 +219,7 @@ def webhook_configurations(
             {
                 "name": VALIDATING_WEBHOOK.replace(".", f".{infix}", 1),
                 "clientConfig": client_config("/validate"),
-                "rules": _rules(["CREATE", "UPDATE"]),
+                "rules": _rules(["CREATE", "UPDATE"], validating=True),
                 **common,
             }
         ],

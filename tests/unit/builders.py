@@ -26,7 +26,11 @@ JSON = dict[str, Any]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
-CORPUS = Path(__file__).parents[2].parent / "shared" / "corpus"
+# The shared corpus sits next to the main checkout; a worktree's checkout is one level further down.
+CORPUS = next(
+    (folder / "shared" / "corpus" for folder in REPO_ROOT.parents if (folder / "shared" / "corpus").is_dir()),
+    REPO_ROOT.parent / "shared" / "corpus",
+)
 
 GPU = "nvidia.com/gpu"
 NOT_READY = "node.kubernetes.io/not-ready"

@@ -14,6 +14,8 @@ import yaml
 
 from webhook.policy import engine, patch
 from webhook.policy.model import Policy
+from webhook.policy.rules import device_software
+from webhook.policy.workload import locate
 
 from .builders import CORPUS, apply, assert_same_json, job_errors, pod_spec_errors
 
@@ -141,3 +143,47 @@ def test_corpus_daemonset_pods_are_neither_mutated_nor_denied(policy: Policy, na
     namespace = _namespace(daemonset)
     assert not engine.mutate(pod, policy, namespace=namespace).changed
     assert engine.validate(pod, policy, namespace=namespace).denials == []
+
+
+def _device_software(daemonset: dict[str, Any], policy: Policy) -> list[str]:
+    workload = locate(daemonset, daemonsets=True)
+    assert workload is not None
+    return [c["name"] for _, c, _ in device_software(workload, policy.rules.trustedDeviceSoftware)]
+
+
+# The vendors' own device software in the corpus, by container: what the default policy recognises.
+DEVICE_SOFTWARE = {
+    "gke-samples--nccl-rdma-installer-daemonset.yaml": ["nccl-rdma-installer"],  # GKE's driver directory
+    "nvidia-dcgm-exporter--daemonset.yaml": ["dcgm-exporter"],  # pod-resources
+    "nvidia-k8s-device-plugin--device-plugin-daemonset.yaml": ["nvidia-device-plugin-ctr"],
+    "nvidia-k8s-device-plugin--gfd-daemonset-mig-mixed.yaml": ["gpu-feature-discovery"],  # features.d
+    "rocm-k8s-device-plugin--amdgpu-device-plugin-daemonset.yaml": ["amdgpu-dp-cntr"],
+}
+
+
+@pytest.mark.parametrize("name", DAEMONSETS, ids=lambda name: name.removesuffix(".yaml"))
+def test_corpus_device_software_from_its_vendor_passes_and_from_elsewhere_is_refused(
+    policy: Policy, name: str
+) -> None:
+    (daemonset,) = _documents(CORPUS / name)
+    namespace = _namespace(daemonset)  # kube-system for most: checked there too
+    assert _device_software(daemonset, policy) == DEVICE_SOFTWARE[name]
+    assert engine.validate(daemonset, policy, namespace=namespace).decisions == ()
+    spec = daemonset["spec"]["template"]["spec"]
+    for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+        if container["name"] in DEVICE_SOFTWARE[name]:
+            container["image"] = "quay.io/example/lookalike:1"
+    denials = engine.validate(daemonset, policy, namespace=namespace).denials
+    assert len(denials) == len(DEVICE_SOFTWARE[name])
+    assert all("image quay.io/example/lookalike:1 is not from a trusted source" in d for d in denials)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED), ids=lambda name: name.removesuffix(".yaml"))
+def test_corpus_workloads_are_no_device_software(policy: Policy, name: str) -> None:
+    # GPU workloads, privileged ones included, never reach a device software path.
+    for doc in _documents(CORPUS / name):
+        if doc.get("kind") != "DaemonSet":
+            result = engine.validate(engine.mutate(doc, policy).obj, policy, namespace=_namespace(doc))
+            assert [
+                d for d in result.decisions if d.rule in ("trustedDeviceSoftware", "driverCompatibility")
+            ] == []

@@ -34,10 +34,11 @@ from webhook.policy.facts import NO_FACTS, ClusterFacts, NodeInfo, PriorityClass
 from webhook.policy.model import Policy, default_policy, parse_policy
 from webhook.policy.workload import split_api_version
 
+from .builders import CORPUS
+
 JSON = dict[str, Any]
 NAMESPACE = "ml-team"
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "corpus"
 PADDING_FIELDS = 10_000
 
 
@@ -251,6 +252,51 @@ def objects() -> Iterator[tuple[str, JSON]]:
             ),
         )
     yield (
+        "pod needing a newer driver",
+        _pod(
+            {
+                "containers": [_gpu_container()],
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "nvidia.com/gpu.product",
+                                            "operator": "In",
+                                            "values": ["H100"],
+                                        }
+                                    ]
+                                },
+                                {},
+                            ]
+                        }
+                    }
+                },
+            },
+            annotations={"gpuguard.io/min-driver-major": "550"},
+        ),
+    )
+    indexed = {"containers": [_gpu_container()], "restartPolicy": "Never"}
+    yield (
+        "indexed job stating a driver",
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "allreduce", "namespace": NAMESPACE},
+            "spec": {
+                "parallelism": 4,
+                "completions": 4,
+                "completionMode": "Indexed",
+                "template": {
+                    "metadata": {"annotations": {"gpuguard.io/min-driver-major": "570"}},
+                    "spec": indexed,
+                },
+            },
+        },
+    )
+    yield (
         "malformed",
         _pod(
             {
@@ -279,6 +325,12 @@ def policies() -> dict[str, Policy]:
             "rules:\n"
             "  podFailurePolicy: {onFailureJobs: convert, deviceFailureAction: FailIndex, nonRetriableExitCodes: [3]}\n"
             "  gracefulTermination: {preStop: {action: exec, seconds: 5, command: [drain]}}\n"
+        ),
+        "drivers": parse_policy(
+            "rules:\n"
+            "  driverCompatibility:\n"
+            "    images: [{image: 'nvcr.io/nvidia/pytorch:*', minDriverMajor: 560}]\n"
+            "    multiNode: {sameDriverVersion: true}\n"
         ),
     }
 

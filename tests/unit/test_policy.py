@@ -10,6 +10,7 @@ import yaml
 from webhook.policy.model import (
     MUTATING_RULES,
     RULE_IDS,
+    VALIDATING_RULES,
     Mode,
     PolicyError,
     RuleId,
@@ -267,7 +268,7 @@ def test_a_rule_mode_applies_to_that_rule_only(rule: RuleId) -> None:
     assert {other: policy.mode_for(other, "default") for other in RULE_IDS} == {
         other: "warn" if other == rule else "enforce" for other in RULE_IDS
     }
-    assert set(RULE_IDS) == {*MUTATING_RULES, "acceleratorNodeGuard"}
+    assert set(RULE_IDS) == {*MUTATING_RULES, *VALIDATING_RULES}
 
 
 # --- namespace overrides merge with the default ones --------------------------------------------------

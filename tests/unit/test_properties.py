@@ -51,6 +51,16 @@ POLICIES: list[Policy] = [
     ),
     make_policy({"rules": {"priority": {"mode": "warn"}, "readinessTolerations": {"mode": "audit"}}}),
     make_policy({"rules": {"readinessTolerations": {"servingSeconds": 300, "batchSeconds": 300}}}),
+    make_policy(
+        {
+            "rules": {
+                "driverCompatibility": {
+                    "images": [{"image": "registry.example/*", "minDriverMajor": 535}],
+                    "multiNode": {"sameDriverVersion": True, "completionModes": ["Indexed", "NonIndexed"]},
+                }
+            }
+        }
+    ),
 ]
 FACTS: list[ClusterFacts | None] = [
     None,
@@ -105,6 +115,18 @@ TOLERATIONS = st.sampled_from(
 )
 
 
+DRIVER_MAJOR = "nvidia.com/cuda.driver-version.major"
+AFFINITIES: list[JSON] = [
+    {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    for terms in (
+        [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}],
+        [{}, {"matchExpressions": [{"key": DRIVER_MAJOR, "operator": "Gt", "values": ["600"]}]}],
+        [{"matchExpressions": [{"key": DRIVER_MAJOR, "operator": "In", "values": ["470"]}]}],
+        [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}],
+    )
+] + [{"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}]
+
+
 @st.composite
 def containers(draw: st.DrawFn, prefix: str, *, init: bool = False) -> list[JSON]:
     result = []
@@ -139,7 +161,14 @@ def pod_specs(draw: st.DrawFn) -> JSON:
             st.fixed_dictionaries({"name": st.just("gpu"), "resourceClaimTemplateName": st.just("one-gpu")}),
             max_size=1,
         ),
-        "nodeSelector": st.sampled_from([{"cloud.google.com/gke-accelerator": "nvidia-l4"}, {"disk": "ssd"}]),
+        "nodeSelector": st.sampled_from(
+            [
+                {"cloud.google.com/gke-accelerator": "nvidia-l4"},
+                {"disk": "ssd"},
+                {"nvidia.com/cuda.driver-version.major": "570"},
+            ]
+        ),
+        "affinity": st.sampled_from(AFFINITIES),
     }
     for key, strategy in optional.items():
         if draw(st.booleans()):
@@ -172,6 +201,8 @@ def job_specs(draw: st.DrawFn) -> JSON:
         spec["podReplacementPolicy"] = draw(st.sampled_from(["TerminatingOrFailed", "Failed"]))
     if draw(st.booleans()):
         spec |= {"completionMode": "Indexed", "completions": 2, "backoffLimitPerIndex": 1}
+    if draw(st.booleans()):
+        spec["parallelism"] = draw(st.integers(min_value=0, max_value=4))
     return spec
 
 
@@ -179,7 +210,15 @@ def job_specs(draw: st.DrawFn) -> JSON:
 def workloads(draw: st.DrawFn) -> JSON:
     kind = draw(st.sampled_from(["Pod", "Job", "CronJob", "Deployment", "StatefulSet", "ReplicaSet"]))
     metadata: JSON = draw(
-        st.sampled_from([{"name": "w"}, {"generateName": "w-"}, {"name": "w", "annotations": {"a/b": "~"}}])
+        st.sampled_from(
+            [
+                {"name": "w"},
+                {"generateName": "w-"},
+                {"name": "w", "annotations": {"a/b": "~"}},
+                {"name": "w", "annotations": {"gpuguard.io/min-driver-major": "550"}},
+                {"name": "w", "annotations": {"gpuguard.io/min-driver-major": "x"}},
+            ]
+        )
     )
     if kind == "Pod":
         return {"apiVersion": "v1", "kind": kind, "metadata": metadata, "spec": draw(pod_specs())}

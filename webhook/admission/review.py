@@ -35,7 +35,13 @@ log = logging.getLogger("gpuguard.review")
 # the API server sends. A rule that reads or writes a field outside the tree would silently see it absent:
 # tests/unit/test_hot_path.py records every access the rules make and fails on one outside it.
 FieldTree: TypeAlias = dict[str, "FieldTree | tuple[FieldTree] | None"]
-_CONTAINER: FieldTree = {"name": None, "resources": None, "lifecycle": None, "restartPolicy": None}
+_CONTAINER: FieldTree = {
+    "name": None,
+    "image": None,
+    "resources": None,
+    "lifecycle": None,
+    "restartPolicy": None,
+}
 _POD_SPEC: FieldTree = {
     "containers": (_CONTAINER,),
     "initContainers": (_CONTAINER,),
@@ -54,7 +60,9 @@ _JOB_SPEC: FieldTree = {
     "podFailurePolicy": None,
     "backoffLimitPerIndex": None,
     "podReplacementPolicy": None,
-    "template": {"spec": _POD_SPEC},
+    "parallelism": None,
+    "completionMode": None,
+    "template": {"metadata": {"annotations": None}, "spec": _POD_SPEC},
 }
 # One tree for every kind (workload.POD_SPEC_PATHS): a key a kind does not have is simply not there.
 RULE_FIELDS: FieldTree = {
@@ -237,9 +245,9 @@ def _answer(
         "warnings": warnings,
         "auditAnnotations": audit_annotations_for(result.decisions),
     }
-    denials = result.denials
+    denials = result.denied
     if denials:
-        message = "; ".join(f"gpuguard acceleratorNodeGuard: {text}" for text in denials)
+        message = "; ".join(f"gpuguard {denial.rule}: {denial.message}" for denial in denials)
         fields["status"] = {"code": 403, "reason": "Forbidden", "message": message}
     elif result.changed:
         operations = patch.diff(result.original, result.obj)

@@ -13,7 +13,7 @@ from kubernetes import client
 
 from webhook.kube.client import ResourceListWatch, metadata_of
 from webhook.kube.informer import Converter, Informer
-from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo
+from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo, node_info
 
 
 def priority_class(raw: dict[str, Any]) -> tuple[Hashable, PriorityClassInfo] | None:
@@ -37,15 +37,20 @@ def namespace_labels(raw: dict[str, Any]) -> tuple[Hashable, dict[str, str]] | N
 
 
 def node(raw: dict[str, Any]) -> tuple[Hashable, NodeInfo] | None:
-    metadata = metadata_of(raw)
-    name = metadata.get("name")
-    if not isinstance(name, str):
-        return None
-    labels = metadata.get("labels")
-    status = raw.get("status")
-    capacity = status.get("capacity") if isinstance(status, dict) else None
-    resources = tuple(sorted(capacity)) if isinstance(capacity, dict) else ()
-    return name, NodeInfo(dict(labels) if isinstance(labels, dict) else {}, resources)
+    return node_info(raw)
+
+
+def list_nodes(api: client.ApiClient) -> dict[str, NodeInfo]:
+    """Every Node, listed page by page (`gpuguard nodes drivers` against a cluster)."""
+    nodes = ResourceListWatch(client.CoreV1Api(api).list_node)
+    found: dict[str, NodeInfo] = {}
+    token: str | None = None
+    while True:
+        page = nodes.list_page(token)
+        found.update(item for raw in page.items if (item := node_info(raw)) is not None)
+        token = page.continue_token
+        if token is None:
+            return found
 
 
 def _device_classes(claim_spec: object) -> tuple[str, ...]:

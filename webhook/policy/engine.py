@@ -11,12 +11,11 @@ from typing import Any, Literal
 
 from webhook.policy.facts import NO_FACTS, ClusterFacts
 from webhook.policy.model import Mode, Policy, RuleId
-from webhook.policy.rules import MUTATORS, Report, accelerator_node_guard
+from webhook.policy.rules import MUTATORS, VALIDATORS, Report
 from webhook.policy.workload import JSON, Workload, accelerator_requests, as_dict, locate
 
 RULES_ANNOTATION = "gpuguard.io/rules"
 POLICY_ANNOTATION = "gpuguard.io/policy"
-GUARD: RuleId = "acceleratorNodeGuard"
 
 Outcome = Literal["applied", "would-apply", "denied", "would-deny", "notice"]
 OUTCOME_FOR_MODE: dict[tuple[bool, Mode], Outcome] = {
@@ -59,6 +58,10 @@ class Result:
     @property
     def denials(self) -> list[str]:
         return [d.message for d in self.decisions if d.outcome == "denied"]
+
+    @property
+    def denied(self) -> list[Decision]:
+        return [d for d in self.decisions if d.outcome == "denied"]
 
 
 def clone(value: Any) -> Any:
@@ -177,23 +180,24 @@ def validate(
     old: Any = None,
     facts: ClusterFacts | None = None,
 ) -> Result:
+    """Every validating rule on `obj`; on UPDATE each rule sees `old` too, to deny only what changed."""
     facts = facts or NO_FACTS
-    workload = locate(obj, group=group, kind=kind, namespace=namespace) if isinstance(obj, dict) else None
+    workload = (
+        locate(obj, group=group, kind=kind, namespace=namespace, daemonsets=True)
+        if isinstance(obj, dict)
+        else None
+    )
     if operation not in ("CREATE", "UPDATE") or workload is None:
         return Result(obj, obj, skipped="nothing to validate")
-    mode = policy.mode_for(GUARD, workload.namespace, facts.labels_of(workload.namespace))
-    if mode == "off":
-        return Result(obj, obj, skipped="rule off")
-    if operation == "UPDATE":
-        if workload.is_pod:
-            return Result(obj, obj, skipped="a pod's priority cannot change after creation")
-        previous = (
-            locate(old, group=workload.group, kind=workload.kind, namespace=workload.namespace)
-            if isinstance(old, dict)
-            else None
+    previous = None
+    if operation == "UPDATE" and isinstance(old, dict):
+        previous = locate(
+            old, group=workload.group, kind=workload.kind, namespace=workload.namespace, daemonsets=True
         )
-        if previous is not None and accelerator_node_guard(previous, policy, facts).changes:
-            # Deny only what an update introduces: an existing workload must stay manageable.
-            return Result(obj, obj, skipped="violation predates this update")
-    report = accelerator_node_guard(workload, policy, facts)
-    return Result(obj, obj, tuple(_decisions(GUARD, mode, report, denial=True)))
+    labels = facts.labels_of(workload.namespace)
+    decisions: list[Decision] = []
+    for rule, validator in VALIDATORS.items():
+        mode = policy.mode_for(rule, workload.namespace, labels)
+        if mode != "off":
+            decisions += _decisions(rule, mode, validator(workload, previous, policy, facts), denial=True)
+    return Result(obj, obj, tuple(decisions))

@@ -6,8 +6,9 @@ unknown (offline CLI, or the API unreachable): rules then decide from the policy
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 ClaimKey = tuple[str, str]  # (namespace, name)
 # The ClusterFacts fields filled from the cluster, by name (the names `unavailable` lists).
@@ -25,6 +26,30 @@ class PriorityClassInfo:
 class NodeInfo:
     labels: Mapping[str, str]
     resources: tuple[str, ...] = ()  # resource names in the node's capacity
+
+
+def node_info(raw: object) -> tuple[str, NodeInfo] | None:
+    """A Node object (as the API serves it) as its name and NodeInfo; None when it has no name."""
+    metadata = raw.get("metadata") if isinstance(raw, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not isinstance(raw, dict) or not isinstance(metadata, dict):
+        return None
+    labels = metadata.get("labels")
+    status = raw.get("status")
+    capacity = status.get("capacity") if isinstance(status, dict) else None
+    resources = tuple(sorted(capacity)) if isinstance(capacity, dict) else ()
+    return name, NodeInfo(dict(labels) if isinstance(labels, dict) else {}, resources)
+
+
+def nodes_of(documents: Iterable[Any]) -> dict[str, NodeInfo]:
+    """The Nodes among manifests: single objects and Lists (`kubectl get nodes -o yaml|json`)."""
+    nodes: dict[str, NodeInfo] = {}
+    for doc in documents:
+        items = doc.get("items") if isinstance(doc, dict) else None
+        for item in items if isinstance(items, list) else [doc]:
+            if isinstance(item, dict) and item.get("kind", "Node") == "Node" and (found := node_info(item)):
+                nodes[found[0]] = found[1]
+    return nodes
 
 
 @dataclass(frozen=True)

@@ -28,17 +28,32 @@ from pydantic import (
     model_validator,
 )
 
+from webhook.policy import hostpaths, images
+
 Mode = Literal["enforce", "warn", "audit", "off"]
 RuleId = Literal[
-    "readinessTolerations", "podFailurePolicy", "gracefulTermination", "priority", "acceleratorNodeGuard"
+    "readinessTolerations",
+    "podFailurePolicy",
+    "gracefulTermination",
+    "priority",
+    "driverCompatibility",
+    "acceleratorNodeGuard",
+    "trustedDeviceSoftware",
 ]
 MUTATING_RULES: tuple[RuleId, ...] = (
     "readinessTolerations",
     "podFailurePolicy",
     "gracefulTermination",
     "priority",
+    "driverCompatibility",
 )
-RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard")
+# driverCompatibility is in both: it mutates, and its validating check sees what the API server stores.
+VALIDATING_RULES: tuple[RuleId, ...] = (
+    "acceleratorNodeGuard",
+    "trustedDeviceSoftware",
+    "driverCompatibility",
+)
+RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard", "trustedDeviceSoftware")
 SYSTEM_PRIORITY_PREFIX = "system-"
 HIGHEST_USER_PRIORITY = 1_000_000_000
 
@@ -52,6 +67,40 @@ ModeField = Annotated[Mode, BeforeValidator(_yaml_off_is_off)]
 ExitCode = Annotated[int, Field(ge=1, le=255)]
 # The API server wants exit codes sorted and unique; normalising here lets users write them in any order.
 ExitCodes = Annotated[list[ExitCode], AfterValidator(lambda codes: sorted(set(codes)))]
+
+
+# A label or annotation key: an optional DNS-subdomain prefix and a name (metav1 validation's qualified name).
+_QUALIFIED_NAME = re.compile(
+    r"(?:(?=[^/]{1,253}/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(?=[^/]{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+
+
+def _qualified_name(key: str) -> str:
+    if not _QUALIFIED_NAME.fullmatch(key):
+        raise ValueError(f"{key!r} is not a valid label or annotation key")
+    return key
+
+
+def _host_path_pattern(pattern: str) -> str:
+    parts = hostpaths.components(pattern)
+    if parts is None or ".." in pattern.split("/"):
+        raise ValueError(f"{pattern!r}: a host path pattern is absolute and has no '..'")
+    return pattern
+
+
+def _image_pattern(pattern: str) -> str:
+    # Patterns are matched against the normalised reference, which always starts with a registry.
+    first = pattern.partition("/")[0]
+    if "/" not in pattern or not ("." in first or ":" in first or "*" in first or first == "localhost"):
+        raise ValueError(f"{pattern!r} names no registry: write it in full, e.g. docker.io/{pattern}")
+    return pattern
+
+
+LabelKey = Annotated[str, AfterValidator(_qualified_name)]
+HostPathPattern = Annotated[str, AfterValidator(_host_path_pattern)]
+ImagePrefix = Annotated[str, AfterValidator(images.normalise_prefix)]
+ImagePattern = Annotated[str, AfterValidator(_image_pattern)]
 
 
 class PolicyError(ValueError):
@@ -161,12 +210,50 @@ class AcceleratorNodeGuard(_Rule):
     minPriority: int = Field(ge=0, le=HIGHEST_USER_PRIORITY)
 
 
+class TrustedDeviceSoftware(_Rule):
+    hostPaths: list[HostPathPattern]
+    trustedImages: list[ImagePrefix]
+    requireDigest: bool
+
+    @cached_property
+    def host_path_patterns(self) -> list[tuple[str, hostpaths.Components]]:
+        return [(pattern, hostpaths.components(pattern) or ()) for pattern in self.hostPaths]
+
+
+class DriverNodeLabels(_Model):
+    driverMajor: LabelKey
+    driverVersion: LabelKey
+    cudaVersion: LabelKey
+    product: LabelKey
+    pools: list[LabelKey]
+
+
+class ImageDriverRequirement(_Model):
+    image: ImagePattern
+    minDriverMajor: int = Field(ge=1, le=99_999)
+
+
+class MultiNode(_Model):
+    sameDriverVersion: bool
+    minParallelism: int = Field(ge=2)
+    completionModes: list[Literal["Indexed", "NonIndexed"]] = Field(min_length=1)
+
+
+class DriverCompatibility(_Rule):
+    annotation: LabelKey
+    images: list[ImageDriverRequirement]
+    nodeLabels: DriverNodeLabels
+    multiNode: MultiNode
+
+
 class Rules(_Model):
     readinessTolerations: ReadinessTolerations
     podFailurePolicy: PodFailurePolicyRule
     gracefulTermination: GracefulTermination
     priority: Priority
+    driverCompatibility: DriverCompatibility
     acceleratorNodeGuard: AcceleratorNodeGuard
+    trustedDeviceSoftware: TrustedDeviceSoftware
 
 
 class SelectorRequirement(_Model):

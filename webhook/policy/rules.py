@@ -1,4 +1,4 @@
-"""The five rules. Mutators edit a workload in place and say what they changed; the guard returns a denial.
+"""The seven rules. Mutators edit a workload in place and say what they changed; validators return denials.
 
 Each mutator is idempotent: run on its own output it changes nothing. The API server re-runs every
 in-tree plugin after the mutating webhooks and may call us again after any mutation
@@ -8,12 +8,21 @@ server adds) as done.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
+from webhook.policy import hostpaths, images, nodeaffinity
 from webhook.policy.facts import ClusterFacts, NodeInfo
-from webhook.policy.model import SYSTEM_PRIORITY_PREFIX, Policy, RuleId
+from webhook.policy.model import (
+    SYSTEM_PRIORITY_PREFIX,
+    DriverCompatibility,
+    Policy,
+    RuleId,
+    TrustedDeviceSoftware,
+)
 from webhook.policy.workload import (
     JSON,
     SYSTEM_CRITICAL_PRIORITY,
@@ -39,6 +48,8 @@ class Report:
 
 
 Mutator = Callable[[Workload, Policy, ClusterFacts], Report]
+# A validator also gets the object before an UPDATE (None on CREATE): it decides what an update introduces.
+Validator = Callable[[Workload, "Workload | None", Policy, ClusterFacts], Report]
 
 
 # --- rule 1: readiness-flake tolerations ----------------------------------------------------------------
@@ -233,15 +244,138 @@ def priority(workload: Workload, policy: Policy, facts: ClusterFacts) -> Report:
     return report
 
 
+# --- rule 5: driver compatibility ---------------------------------------------------------------------
+
+_DRIVER_MAJOR = re.compile(r"[0-9]{1,5}")
+
+
+@dataclass(frozen=True)
+class DriverRequirement:
+    minimum: int | None  # the highest minimum driver major version stated; None: nothing stated
+    source: str = ""  # what stated it, for messages
+    problem: str | None = None  # an annotation that states nothing usable
+
+
+def driver_requirement(workload: Workload, rule: DriverCompatibility) -> DriverRequirement:
+    """The minimum driver major version the workload needs: its annotation, and the policy's image map."""
+    stated: list[tuple[int, str]] = []
+    problem = None
+    value = workload.annotation(rule.annotation)
+    if value is not None:
+        if _DRIVER_MAJOR.fullmatch(value.strip()) and int(value) > 0:
+            stated.append((int(value), f"annotation {rule.annotation}"))
+        else:
+            problem = f"annotation {rule.annotation}: {value!r} is not a driver major version (a whole number such as 550)"
+    for container in workload.containers():
+        ref = images.parse(container.get("image"))
+        if ref is None:
+            continue
+        for requirement in rule.images:
+            if fnmatchcase(str(ref), requirement.image):
+                stated.append((requirement.minDriverMajor, f"image {container.get('image')}"))
+    if not stated:
+        return DriverRequirement(None, problem=problem)
+    minimum, source = max(stated, key=lambda item: item[0])
+    return DriverRequirement(minimum, source, problem)
+
+
+def _is_multi_node(workload: Workload, rule: DriverCompatibility) -> bool:
+    job = workload.job_spec
+    if job is None:
+        return False
+    parallelism = job.get("parallelism", 1)
+    completion_mode = job.get("completionMode", "NonIndexed")
+    return (
+        isinstance(parallelism, int)
+        and parallelism >= rule.multiNode.minParallelism
+        and completion_mode in rule.multiNode.completionModes
+    )
+
+
+def driver_compatibility(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
+    rule = policy.rules.driverCompatibility
+    report = Report()
+    requirement = driver_requirement(workload, rule)
+    key = rule.nodeLabels.driverMajor
+    if requirement.minimum is not None and nodeaffinity.require_minimum(
+        workload.pod_spec, key, requirement.minimum
+    ):
+        report.changes.append(f"require node label {key} >= {requirement.minimum} ({requirement.source})")
+    version = rule.nodeLabels.driverVersion
+    if (
+        rule.multiNode.sameDriverVersion
+        and _is_multi_node(workload, rule)
+        and nodeaffinity.require_same_label_across_job(workload.pod_spec, version)
+    ):
+        report.changes.append(f"require one {version} across the Job's pods")
+    return report
+
+
 MUTATORS: dict[RuleId, Mutator] = {
     "readinessTolerations": readiness_tolerations,
     "podFailurePolicy": pod_failure_policy,
     "gracefulTermination": graceful_termination,
     "priority": priority,
+    "driverCompatibility": driver_compatibility,
 }
 
 
-# --- rule 5: accelerator-node guard (validating) ---------------------------------------------------------
+def driver_compatibility_check(
+    workload: Workload, previous: Workload | None, policy: Policy, facts: ClusterFacts
+) -> Report:
+    """Denials for a workload whose stored node selection does not keep it off older drivers."""
+    report = Report()
+    if workload.is_daemonset or (workload.is_pod and (previous is not None or _exempt_pod(workload))):
+        return report  # a pod's affinity cannot change after creation; DaemonSets run on every node
+    if not accelerator_requests(workload, policy.accelerators, facts):
+        return report
+    rule = policy.rules.driverCompatibility
+    requirement = driver_requirement(workload, rule)
+    if previous is not None and _violates_driver_check(previous, rule):
+        return report  # an existing workload must stay manageable: deny only what the update introduces
+    if requirement.problem:
+        report.changes.append(requirement.problem)
+    minimum = requirement.minimum
+    if minimum is None:
+        return report
+    key = rule.nodeLabels.driverMajor
+    spec = workload.pod_spec
+    excluded = nodeaffinity.excluding_reason(spec, key, minimum)
+    if excluded is not None:
+        report.changes.append(
+            f"needs {key} >= {minimum} ({requirement.source}), but {excluded} rules out every such node"
+        )
+    elif not nodeaffinity.guarantees_minimum(spec, key, minimum):
+        report.changes.append(
+            f"needs {key} >= {minimum} ({requirement.source}), but its node selection admits older drivers"
+        )
+    if facts.nodes is not None and not any(
+        nodeaffinity.selects(spec, name, node.labels)
+        and (nodeaffinity.integer(node.labels.get(key)) or 0) >= minimum
+        for name, node in facts.nodes.items()
+    ):
+        report.notices.append(
+            f"no node has {key} >= {minimum} and fits this workload: its pods would stay Pending"
+        )
+    return report
+
+
+def _violates_driver_check(workload: Workload, rule: DriverCompatibility) -> bool:
+    requirement = driver_requirement(workload, rule)
+    if requirement.problem:
+        return True
+    key = rule.nodeLabels.driverMajor
+    return requirement.minimum is not None and not nodeaffinity.guarantees_minimum(
+        workload.pod_spec, key, requirement.minimum
+    )
+
+
+def _exempt_pod(workload: Workload) -> bool:
+    """DaemonSet pods are placed per node by design; mirror pods are the kubelet's static pods."""
+    return workload.controller_kind() == "DaemonSet" or workload.is_mirror_pod()
+
+
+# --- rule 6: accelerator-node guard (validating) ---------------------------------------------------------
 
 
 def _is_accelerator_node(node: NodeInfo, policy: Policy) -> bool:
@@ -302,11 +436,15 @@ def resolve_priority(workload: Workload, policy: Policy, facts: ClusterFacts) ->
     return ResolvedPriority(policy.priority_value(class_name), source)
 
 
-def accelerator_node_guard(workload: Workload, policy: Policy, facts: ClusterFacts) -> Report:
+def accelerator_node_guard(
+    workload: Workload, previous: Workload | None, policy: Policy, facts: ClusterFacts
+) -> Report:
     """A denial (in `changes`) for a low-priority workload bound for accelerator nodes."""
     report = Report()
-    if workload.is_pod and (workload.controller_kind() == "DaemonSet" or workload.is_mirror_pod()):
-        return report
+    if workload.is_daemonset or (workload.is_pod and (previous is not None or _exempt_pod(workload))):
+        return report  # a pod's priority cannot change after creation
+    if previous is not None and accelerator_node_guard(previous, None, policy, facts).changes:
+        return report  # an existing workload must stay manageable: deny only what the update introduces
     if workload.priority_class_name().startswith(SYSTEM_PRIORITY_PREFIX):
         return report
     reasons = accelerator_node_reasons(workload, policy, facts)
@@ -340,3 +478,105 @@ def accelerator_node_guard(workload: Workload, policy: Policy, facts: ClusterFac
         f"bound for them by {', '.join(reasons[:3])}"
     )
     return report
+
+
+# --- rule 7: trusted device software (validating) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceMount:
+    host_path: str  # normalised, subPath included
+    pattern: str  # the policy's hostPaths entry it reaches
+
+
+def device_mount(container: JSON, volumes: dict[str, str], rule: TrustedDeviceSoftware) -> DeviceMount | None:
+    """The first of the container's hostPath mounts that makes it device software."""
+    for mount in dicts(container.get("volumeMounts")):
+        host_path = volumes.get(text(mount.get("name")))
+        if host_path is None:
+            continue
+        # subPathExpr is only known on the node: the whole hostPath is what the container may get.
+        parts = hostpaths.components(hostpaths.joined(host_path, text(mount.get("subPath"))))
+        if parts is None:
+            continue  # a relative hostPath: the API server refuses the pod itself
+        for pattern, pattern_parts in rule.host_path_patterns:
+            if hostpaths.reaches(parts, pattern_parts):
+                return DeviceMount(hostpaths.render(parts), pattern)
+    return None
+
+
+def _host_path_volumes(workload: Workload) -> dict[str, str]:
+    return {
+        text(volume.get("name")): text((as_dict(volume.get("hostPath")) or {}).get("path"))
+        for volume in dicts(workload.pod_spec.get("volumes"))
+        if as_dict(volume.get("hostPath")) is not None
+    }
+
+
+def _checked_containers(workload: Workload, previous: Workload | None) -> Iterator[tuple[str, JSON]]:
+    # A controller's pods come from its template, which was checked when it was created or changed; at
+    # the pod's creation only what no template holds is left: ephemeral containers (none yet, in fact).
+    # On a pod UPDATE everything counts, since a container image of a pod can be changed in place.
+    from_template = workload.is_pod and workload.controller_kind() is not None and previous is None
+    if not from_template:
+        yield from (("container", c) for c in dicts(workload.pod_spec.get("containers")))
+        yield from (("init container", c) for c in dicts(workload.pod_spec.get("initContainers")))
+    yield from (("ephemeral container", c) for c in workload.ephemeral_containers())
+
+
+def device_software(
+    workload: Workload, rule: TrustedDeviceSoftware, *, previous: Workload | None = None
+) -> Iterator[tuple[str, JSON, DeviceMount]]:
+    """(role, container, the mount that makes it device software) for each checked container."""
+    volumes = _host_path_volumes(workload)
+    if not volumes or workload.is_mirror_pod():
+        return  # no hostPath, no device software; a mirror pod runs whatever the API server says
+    for role, container in _checked_containers(workload, previous):
+        mount = device_mount(container, volumes, rule)
+        if mount is not None:
+            yield role, container, mount
+
+
+def untrusted_device_software(
+    workload: Workload, previous: Workload | None, rule: TrustedDeviceSoftware
+) -> list[str]:
+    found = []
+    for role, container, mount in device_software(workload, rule, previous=previous):
+        image = container.get("image")
+        ref = images.parse(image)
+        if ref is None:
+            problem = "is not an image reference"
+        elif not any(images.trusted_by(ref, prefix) for prefix in rule.trustedImages):
+            problem = "is not from a trusted source"
+        elif rule.requireDigest and not ref.pinned:
+            problem = "is not pinned by digest (requireDigest)"
+        else:
+            continue
+        matching = "" if mount.pattern == mount.host_path else f" (matches {mount.pattern})"
+        found.append(
+            f"{role} {container.get('name', '?')}: image {image} {problem}, and it mounts hostPath "
+            f"{mount.host_path}{matching}, which makes it device software; trusted images: "
+            f"{', '.join(rule.trustedImages) or '(none)'}"
+        )
+    return found
+
+
+def trusted_device_software(
+    workload: Workload, previous: Workload | None, policy: Policy, _: ClusterFacts
+) -> Report:
+    """Denials for device software whose image the policy does not trust."""
+    rule = policy.rules.trustedDeviceSoftware
+    found = untrusted_device_software(workload, previous, rule)
+    if previous is not None and found:
+        # What the object already ran before this update is not the update's doing: an existing
+        # install can still be scaled, labelled or have its other containers changed.
+        before = set(untrusted_device_software(previous, previous, rule))
+        found = [message for message in found if message not in before]
+    return Report(changes=found)
+
+
+VALIDATORS: dict[RuleId, Validator] = {
+    "acceleratorNodeGuard": accelerator_node_guard,
+    "trustedDeviceSoftware": trusted_device_software,
+    "driverCompatibility": driver_compatibility_check,
+}

@@ -24,6 +24,9 @@ POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
     ("apps", "StatefulSet"): ("spec", "template", "spec"),
     ("apps", "ReplicaSet"): ("spec", "template", "spec"),
 }
+# DaemonSets are how device software ships; only trustedDeviceSoftware looks at them (`locate(daemonsets=True)`).
+DAEMONSET = ("apps", "DaemonSet")
+DAEMONSET_SPEC_PATH = ("spec", "template", "spec")
 JOB_SPEC_PATHS: dict[str, tuple[str, ...]] = {
     "Job": ("spec",),
     "CronJob": ("spec", "jobTemplate", "spec"),
@@ -79,6 +82,10 @@ class Workload:
         return not self.is_pod
 
     @property
+    def is_daemonset(self) -> bool:
+        return (self.group, self.kind) == DAEMONSET
+
+    @property
     def is_batch(self) -> bool:
         """Batch work runs to completion; serving work is restarted forever."""
         if self.is_pod:
@@ -99,6 +106,26 @@ class Workload:
         yield from dicts(self.pod_spec.get("containers"))
         if init:
             yield from dicts(self.pod_spec.get("initContainers"))
+
+    def ephemeral_containers(self) -> Iterator[JSON]:
+        """`kubectl debug` containers: only pods have them, added through pods/ephemeralcontainers."""
+        yield from dicts(self.pod_spec.get("ephemeralContainers"))
+
+    def annotation(self, key: str) -> str | None:
+        """The annotation on the pod template (what the pods carry), else on the object itself."""
+        for metadata in (self.template_metadata, self.metadata):
+            value = (as_dict(metadata.get("annotations")) or {}).get(key)
+            if isinstance(value, str):
+                return value
+        return None
+
+    @property
+    def template_metadata(self) -> JSON:
+        """The pod template's metadata; a pod's own metadata for a pod."""
+        if self.is_pod:
+            return self.metadata
+        path = POD_SPEC_PATHS.get((self.group, self.kind), DAEMONSET_SPEC_PATH)[:-1]
+        return as_dict((_walk(self.obj, path) or {}).get("metadata")) or {}
 
     def controller_kind(self) -> str | None:
         for ref in dicts(self.metadata.get("ownerReferences")):
@@ -124,9 +151,14 @@ def split_api_version(api_version: object) -> str:
 
 
 def locate(
-    obj: JSON, *, group: str | None = None, kind: str | None = None, namespace: str | None = None
+    obj: JSON,
+    *,
+    group: str | None = None,
+    kind: str | None = None,
+    namespace: str | None = None,
+    daemonsets: bool = False,
 ) -> Workload | None:
-    """The workload view of `obj`, or None for kinds gpuguard does not handle (DaemonSets among them).
+    """The workload view of `obj`, or None for kinds gpuguard does not handle (DaemonSets unless asked).
 
     `namespace` is the request's: objects created by controllers often carry none in their metadata.
     """
@@ -135,6 +167,8 @@ def locate(
     if not isinstance(kind, str):
         return None
     path = POD_SPEC_PATHS.get((group, kind))
+    if path is None and daemonsets and (group, kind) == DAEMONSET:
+        path = DAEMONSET_SPEC_PATH
     if path is None:
         return None
     pod_spec = _walk(obj, path)

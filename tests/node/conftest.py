@@ -1,0 +1,233 @@
+"""The node tier's fixtures: a control plane with kube-controller-manager and kube-scheduler, two
+real nodes (kubelet + containerd) with a fake GPU device plugin each, and gpuguard's real webhook
+registered with the API server. Where a node cannot run (no root, no mount namespaces), every test
+here is skipped with the reason, and the session summary says the tier did not run."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controlplane import ControlPlane, log_tail
+from session import (
+    add_summary,
+    announce,
+    build_control_plane,
+    namespace_name,
+    run_build_script,
+    summary_fixture,
+    summary_lines,
+)
+from webhook_harness import (
+    REPO_ROOT,
+    WebhookProcess,
+    default_priority_classes,
+    install_priority_classes,
+    register,
+    unregister,
+    wait_until_called,
+)
+
+from .device_plugin import FakeDevicePlugin
+from .images import build_images
+from .kubelet_api import KubeletApis, compile_apis
+from .node import Node, NodeBinaries, host_state, node_tier_unavailable, reclaim_leftovers
+from .workloads import GPU, allocatable, delete_all_pods
+
+HERE = Path(__file__).resolve().parent
+RUNTIME_BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "runtime" / "build.sh"
+CACHE = REPO_ROOT / ".cache"
+TIER = "node tier"
+CLUSTER_KEY = pytest.StashKey["NodeCluster"]()
+NODE_NAMES = ("node-a", "node-b")
+DEVICES_PER_NODE = 4
+# Compressed timings, so that a node which stops reporting is tainted and its pods evicted within
+# seconds instead of minutes. The kubelets renew their Lease every LEASE_SECONDS / 4.
+LEASE_SECONDS = 8
+NODE_MONITOR_GRACE_SECONDS = 12
+# kube-apiserver's --default-{not-ready,unreachable}-toleration-seconds here (300 in production),
+# and so what gpuguard's policy must recognise as the API server's default.
+DEFAULT_TOLERATION_SECONDS = 10
+UNGUARDED_NAMESPACE = "node-tier-unguarded"  # gpuguard's policy turns itself off there
+PRE_STOP_SECONDS = 5
+GRACE_SECONDS = 30
+DEVICE_FAILURE_EXIT_CODE = 74
+NON_RETRIABLE_EXIT_CODE = 3
+POLICY = f"""
+rules:
+  readinessTolerations:
+    apiServerDefaultSeconds: {DEFAULT_TOLERATION_SECONDS}
+    servingSeconds: 600
+    batchSeconds: 1800
+  podFailurePolicy:
+    deviceFailureExitCodes: [{DEVICE_FAILURE_EXIT_CODE}, 75]
+    # Not the default (Count): a Job whose only failure is a device failure then still completes
+    # with backoffLimit 0, which only the injected podFailurePolicy can explain.
+    deviceFailureAction: Ignore
+    nonRetriableExitCodes: [{NON_RETRIABLE_EXIT_CODE}]
+  gracefulTermination:
+    preStop:
+      action: sleep
+      seconds: {PRE_STOP_SECONDS}
+    minGracePeriodSeconds: {GRACE_SECONDS}
+    marginSeconds: 10
+namespaces:
+  - names: [{UNGUARDED_NAMESPACE}]
+    mode: "off"
+"""
+
+
+@dataclass
+class NodeCluster:
+    plane: ControlPlane
+    gpuguard: WebhookProcess
+    apis: KubeletApis
+    host_before: dict[str, Any]  # node.host_state() before the first node started
+    nodes: dict[str, Node] = field(default_factory=dict)
+    plugins: dict[str, FakeDevicePlugin] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.node)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    for line in summary_lines(config, TIER):
+        terminalreporter.write_line(f"{TIER}: {line}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    cluster = item.config.stash.get(CLUSTER_KEY, None)
+    if report.failed and cluster is not None and item.path.is_relative_to(HERE):
+        # The kubelets' and containerd's last words, the control plane's last kubectl calls.
+        for node in cluster.nodes.values():
+            report.sections.append((f"{node.name} logs", node.log_tails()))
+        report.sections.append(("last kubectl calls", "\n".join(str(c) for c in cluster.plane.history)))
+        report.sections.append(("kube-controller-manager", log_tail(cluster.plane.controller_manager_log)))
+    return report
+
+
+@pytest.fixture(scope="session")
+def cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    """The node tier's cluster, shared by its tests; torn down to nothing at the end (a teardown that
+    leaves a process, cgroup, mount or socket behind fails the session)."""
+    unavailable = node_tier_unavailable()
+    if unavailable is not None:
+        add_summary(pytestconfig, TIER, f"not run: {unavailable}")
+        pytest.skip(f"node tier not run: {unavailable}")
+    begin = time.monotonic()
+    if reclaimed := reclaim_leftovers():
+        add_summary(pytestconfig, TIER, f"reclaimed what killed sessions left: {', '.join(reclaimed)}")
+    k8s_bin = build_control_plane(pytestconfig)
+    runtime_bin = run_build_script(pytestconfig, RUNTIME_BUILD_SCRIPT)
+    apis = compile_apis(CACHE / "kubelet-api")
+    images = build_images(runtime_bin, tmp_path_factory.mktemp("images"))
+    setup_seconds = time.monotonic() - begin
+
+    plane = ControlPlane.start(
+        k8s_bin,
+        tmp_path_factory.mktemp("controlplane"),
+        apiserver_flags={
+            "authorization-mode": "Node,RBAC",
+            "enable-admission-plugins": "NodeRestriction",
+            "default-not-ready-toleration-seconds": str(DEFAULT_TOLERATION_SECONDS),
+            "default-unreachable-toleration-seconds": str(DEFAULT_TOLERATION_SECONDS),
+        },
+    )
+    gpuguard = WebhookProcess(tmp_path_factory.mktemp("gpuguard"))
+    state = NodeCluster(plane, gpuguard, apis, host_state())
+    pytestconfig.stash[CLUSTER_KEY] = state
+    problems: list[str] = []
+    try:
+        plane.start_controller_manager(
+            node_monitor_period=1,
+            node_monitor_grace_period=NODE_MONITOR_GRACE_SECONDS,
+            node_startup_grace_period=30,
+        )
+        plane.start_scheduler()
+        policy = tmp_path_factory.mktemp("policy") / "policy.yaml"
+        policy.write_text(POLICY)
+        gpuguard.start(policy)
+        install_priority_classes(plane, default_priority_classes())
+        register(plane, gpuguard)
+        wait_until_called(plane)
+        control_plane_seconds = time.monotonic() - begin - setup_seconds
+
+        binaries = NodeBinaries(kubelet=k8s_bin / "kubelet", runtime=runtime_bin)
+        for index, name in enumerate(NODE_NAMES):
+            node = Node(
+                name,
+                index,
+                plane,
+                binaries,
+                tmp_path_factory.mktemp(name),
+                images,
+                labels={"nvidia.com/gpu.present": "true"},
+                lease_seconds=LEASE_SECONDS,
+            )
+            state.nodes[name] = node
+            node.start()
+            plugin = FakeDevicePlugin(
+                apis, node.device_plugin_dir, GPU, [f"gpu-{name[-1]}{i}" for i in range(DEVICES_PER_NODE)]
+            )
+            state.plugins[name] = plugin
+            plugin.start()
+        for node in state.nodes.values():
+            node.wait_for(functools.partial(all_devices_allocatable, node), what="fake GPUs allocatable")
+        nodes_seconds = time.monotonic() - begin - setup_seconds - control_plane_seconds
+        state.timings.update(setup=setup_seconds, control_plane=control_plane_seconds, nodes=nodes_seconds)
+        message = (
+            f"{len(state.nodes)} nodes with {DEVICES_PER_NODE} fake GPUs each ready in {nodes_seconds:.1f} s "
+            f"(binaries, APIs and images {setup_seconds:.1f} s, control plane + gpuguard {control_plane_seconds:.1f} s)"
+        )
+        announce(pytestconfig, f"{TIER}: {message}")
+        add_summary(pytestconfig, TIER, message)
+        yield state
+    finally:
+        teardown_begin = time.monotonic()
+        for plugin in state.plugins.values():
+            plugin.stop()
+        for node in state.nodes.values():
+            problems += [f"{node.name}: {problem}" for problem in node.stop()]
+        if state.nodes and (changed := host_changes(state.host_before, host_state())):
+            problems.append(f"the host changed: {changed}")
+        gpuguard.stop()
+        if plane.running:
+            unregister(plane)
+        plane.stop()
+        add_summary(pytestconfig, TIER, f"teardown in {time.monotonic() - teardown_begin:.1f} s")
+    assert not problems, f"the node tier's teardown left things behind: {problems}"
+
+
+def host_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {key: (before[key], after[key]) for key in before if before[key] != after[key]}
+
+
+def all_devices_allocatable(node: Node) -> bool:
+    return allocatable(node.node(), GPU) == DEVICES_PER_NODE
+
+
+@pytest.fixture
+def namespace(cluster: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test. Afterwards its pods are deleted at once (not after their grace
+    periods) so the next test finds every fake GPU free, and the namespace controller removes it."""
+    name = namespace_name(request, "node")
+    cluster.plane.kubectl("create", "namespace", name)
+    yield name
+    delete_all_pods(cluster.plane, name)
+    cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+summary = summary_fixture(TIER)
