@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import queue
+import resource
 import shutil
 import statistics
 import sys
@@ -54,7 +55,15 @@ from webhook.policy.model import Accelerators, default_policy
 REPO = Path(__file__).resolve().parents[1]
 # The end-to-end harness is the bench's too: the same control plane, deploy/ install and gpuguard replica.
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
-from controlplane import LOOPBACK, ControlPlane, http_get  # noqa: E402
+from controlplane import (  # noqa: E402
+    LOOPBACK,
+    ControlPlane,
+    free_ports,
+    http_get,
+    spawn,
+    wait_until,
+    without_proxies,
+)
 from install_harness import (  # noqa: E402
     CONFIGURATION_KINDS,
     DEPLOY,
@@ -70,9 +79,12 @@ from webhook_harness import READINESS_KEYS, metric_samples, readiness_toleration
 JSON = dict[str, Any]
 CORPUS = REPO.parent / "shared" / "corpus"
 MAP_MANIFEST = REPO / "bench" / "map" / "readiness-tolerations.yaml"
+KYVERNO_POLICY = REPO / "bench" / "kyverno" / "readiness-tolerations.yaml"
 # What selects each extension's namespace: the webhook configurations' and the binding's namespaceSelector.
 GPUGUARD_LABEL = "bench.gpuguard.io/gpuguard"
 MAP_LABEL = "bench.gpuguard.io/map"
+KYVERNO_LABEL = "bench.gpuguard.io/kyverno"
+KYVERNO_NAMESPACE = "kyverno"
 CONNECTIONS = 32  # the open loop's pool: enough that a slow create never holds up the next one
 SATURATION_CONNECTIONS = 8
 FLOOR_RATE = 200
@@ -314,11 +326,12 @@ def install_gpuguard(plane: ControlPlane, work: Path, stack: ExitStack) -> Exten
     configurations = {
         kind.lower(): doc for doc in rendered if (kind := doc["kind"]).lower() in CONFIGURATION_KINDS
     }
-    (mutating,) = configurations["mutatingwebhookconfiguration"]["webhooks"]
-    # The validating configuration's second webhook is kube-system's device-software one: never called here.
-    validating, _ = configurations["validatingwebhookconfiguration"]["webhooks"]
-    if mutating["failurePolicy"] != validating["failurePolicy"]:
-        raise RuntimeError("deploy/'s webhooks differ in failurePolicy; route_to sets one for both")
+    webhooks = [hook for doc in configurations.values() for hook in doc["webhooks"]]
+    # The pods the bench creates reach these two; deploy/ has more (device software) that they never match.
+    mutating = next(hook for hook in webhooks if hook["name"] == "mutate.gpuguard.io")
+    validating = next(hook for hook in webhooks if hook["name"] == "validate.gpuguard.io")
+    if len({hook["failurePolicy"] for hook in webhooks}) != 1:
+        raise RuntimeError("deploy/'s webhooks differ in failurePolicy; route_to sets one for all")
     urls = {kind: replica.url(path) for kind, path in ENDPOINTS.items()}
     route_to(plane, urls, failure_policy=mutating["failurePolicy"], namespace_label=GPUGUARD_LABEL)
     namespace = _labelled_namespace(plane, "bench-gpuguard", {GPUGUARD_LABEL: "true"})
@@ -340,6 +353,80 @@ def install_map(plane: ControlPlane) -> Extension:
     name = policy["metadata"]["name"]
     return Extension(
         "c", "(c) MutatingAdmissionPolicy", namespace, {f"policy {name}": policy_check(name)}, True
+    )
+
+
+def install_kyverno(plane: ControlPlane, build: Path, work: Path, stack: ExitStack) -> Extension:
+    """Kyverno's admission controller (bench/kyverno/build.sh's build) as a process outside the cluster,
+    the way its own docs run it for development (`--serverIP`: webhook URLs on loopback instead of its
+    Service), with the Helm chart's defaults where they touch admission: events for PolicyApplied and
+    PolicySkipped omitted. Admission reports are off: Kyverno writes them after answering, and without
+    its reports controller (not run here) they pile up. Its webhooks select the bench's namespace only
+    (the `webhooks` key of its ConfigMap); bench/kyverno/'s ClusterPolicy does the mutation."""
+    plane.kubectl("apply", "--server-side", "-R", "-f", str(build / "crds"))
+    configmaps = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": KYVERNO_NAMESPACE},
+            "data": data,
+        }
+        for name, data in (
+            (
+                "kyverno",
+                {"webhooks": json.dumps({"namespaceSelector": {"matchLabels": {KYVERNO_LABEL: "true"}}})},
+            ),
+            ("kyverno-metrics", {}),
+        )
+    ]
+    _labelled_namespace(plane, KYVERNO_NAMESPACE, {})
+    plane.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": configmaps})
+    )
+    port, metrics_port, profile_port = free_ports(3)
+    env = without_proxies() | {
+        "KYVERNO_NAMESPACE": KYVERNO_NAMESPACE,
+        "KYVERNO_POD_NAME": "kyverno-bench",
+        "KYVERNO_SERVICEACCOUNT_NAME": "kyverno-admission-controller",
+        "KYVERNO_DEPLOYMENT": "kyverno-admission-controller",
+        "KYVERNO_SVC": "kyverno-svc",
+        "INIT_CONFIG": "kyverno",
+        "METRICS_CONFIG": "kyverno-metrics",
+    }
+    argv: list[str | Path] = [
+        build / "kyverno",
+        f"--kubeconfig={plane.kubeconfig}",
+        f"--serverIP={LOOPBACK}:{port}",
+        f"--webhookServerHost={LOOPBACK}",
+        f"--webhookServerPort={port}",
+        f"--metricsPort={metrics_port}",
+        f"--profilePort={profile_port}",
+        "--controllerRuntimeMetricsAddress=0",
+        "--caSecretName=kyverno-svc.kyverno.svc.kyverno-tls-ca",
+        "--tlsSecretName=kyverno-svc.kyverno.svc.kyverno-tls-pair",
+        "--webhookTimeout=3",  # deploy/'s timeoutSeconds for gpuguard
+        "--omitEvents=PolicyApplied,PolicySkipped",
+        "--admissionReports=false",
+        "--loggingFormat=json",
+    ]
+    process = spawn(argv, work / "kyverno.log", env, cwd=work)
+    stack.callback(process.stop)
+    # The policy webhook validating ClusterPolicies is Kyverno's own: the apply works once it answers.
+    policy = KYVERNO_POLICY.read_text()
+
+    def applied() -> bool:
+        return plane.kubectl("apply", "-f", "-", input=policy, check=False).returncode == 0
+
+    wait_until(applied, timeout=120, what="Kyverno accepting its ClusterPolicy", process=process)
+    namespace = _labelled_namespace(plane, "bench-kyverno", {KYVERNO_LABEL: "true"})
+    webhook = "mutate.kyverno.svc-ignore"  # the ClusterPolicy's failurePolicy: Ignore
+    return Extension(
+        "d",
+        "(d) Kyverno ClusterPolicy",
+        namespace,
+        {f"webhook {webhook}": webhook_series(webhook)},
+        True,
+        Meter(process.popen.pid),
     )
 
 
@@ -497,6 +584,7 @@ class Run:
     rejections: float
     plane_cpu_s: float
     extension_cpu_s: float
+    client_cpu_s: float  # the bench's own process: its creating threads, and the scheduling one
     noise: float = 0.0
 
     @property
@@ -537,17 +625,15 @@ class Bench:
         series = {"request": REQUEST, "admit step": ADMIT_STEP, "validate step": VALIDATE_STEP}
         series |= {name: plugin(name) for name in PLUGINS} | extension.series
         metrics = {s.metric for s in series.values()} | {FAIL_OPEN, REJECTIONS}
-        before, plane_cpu, extension_cpu = (
-            Scrape(self.plane, metrics),
-            self._plane_cpu(),
-            self._cpu(extension),
-        )
+        before = Scrape(self.plane, metrics)
+        plane_cpu, extension_cpu, client_cpu = self._plane_cpu(), self._cpu(extension), _client_cpu()
         samples = load()
-        after, plane_cpu, extension_cpu = (
-            Scrape(self.plane, metrics),
+        plane_cpu, extension_cpu, client_cpu = (
             self._plane_cpu() - plane_cpu,
             self._cpu(extension) - extension_cpu,
+            _client_cpu() - client_cpu,
         )
+        after = Scrape(self.plane, metrics)
         self.delete_pods(extension.namespace)
         return Run(
             samples,
@@ -556,6 +642,7 @@ class Bench:
             after.counter(REJECTIONS) - before.counter(REJECTIONS),
             plane_cpu,
             extension_cpu,
+            client_cpu,
         )
 
     def at_rate(self, extension: Extension, rate: float, seconds: float) -> Run:
@@ -588,6 +675,11 @@ class Bench:
     @staticmethod
     def _cpu(extension: Extension) -> float:
         return extension.process.cpu_seconds() if extension.process is not None else 0.0
+
+
+def _client_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 PLUGINS = ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "MutatingAdmissionPolicy")
@@ -731,6 +823,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = SAY) -> Results:
             creators = stack.enter_context(Creators(plane, CONNECTIONS))
             say("installing deploy/ and one gpuguard replica; applying bench/map/")
             extensions = [no_extension(plane), install_gpuguard(plane, work, stack), install_map(plane)]
+            if args.kyverno is not None:
+                say(f"starting Kyverno from {args.kyverno}")
+                extensions.append(install_kyverno(plane, args.kyverno, work, stack))
             pods, sources = load_pods(args.corpus)
             install_priority_classes(plane, pods)
             probe = orjson.dumps(fallback_pods()[0])
@@ -834,10 +929,11 @@ def report(results: Results, command: str) -> str:
         f"Command: `{command}`",
         "",
         "Client-observed pod creates (open loop: latency from the moment each create was due; "
-        f"{len(next(iter(results.runs.values())))} interleaved runs pooled per row):",
+        f"{len(next(iter(results.runs.values())))} interleaved runs pooled per row; a policy's CPU is the "
+        "API server's):",
         "",
         "| Admission | Offered | Created/s | p50 ms | p99 ms | max ms | vs (a): p50 / p99 ms | Failed "
-        "| CPU ms per create: API server + etcd / extension | Others' CPU |",
+        "| CPU ms per create: API server + etcd / extension / client | Others' CPU |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rate in results.rates:
@@ -854,11 +950,12 @@ def report(results: Results, command: str) -> str:
             )
             plane_cpu = sum(run.plane_cpu_s for run in runs) / created * 1e3
             own_cpu = sum(run.extension_cpu_s for run in runs) / created * 1e3
+            client_cpu = sum(run.client_cpu_s for run in runs) / created * 1e3
             lines.append(
                 f"| {extension.label} | {rate:g}/s | {statistics.mean(run.rate for run in runs):,.1f} "
                 f"| {fmt_ms(percentile(latencies, 0.5))} | {fmt_ms(percentile(latencies, 0.99))} "
                 f"| {fmt_ms(max(latencies))} | {versus} | {sum(len(run.errors) for run in runs)} "
-                f"| {plane_cpu:.2f} / {'in the API server' if extension.process is None else f'{own_cpu:.2f}'} "
+                f"| {plane_cpu:.2f} / {'—' if extension.process is None else f'{own_cpu:.2f}'} / {client_cpu:.2f} "
                 f"| {max(run.noise for run in runs):.0%} |"
             )
     lines += [
@@ -942,12 +1039,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=float, default=1, help="seconds of warm-up before each run")
     parser.add_argument("--corpus", type=Path, default=CORPUS, help=f"GPU manifests (default {CORPUS})")
+    parser.add_argument(
+        "--kyverno",
+        type=Path,
+        help="add scenario (d): Kyverno from this bench/kyverno/build.sh folder (bench/run --with-kyverno)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("admission-results.md"))
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument(
         "--wait-quiet", type=float, default=120, help="seconds to wait at most for other load"
     )
     args = parser.parse_args(argv)
+    # The processes start in the run's work directory: paths given relative to here must not move.
+    args.k8s_bin = args.k8s_bin.resolve()
+    args.kyverno = args.kyverno.resolve() if args.kyverno is not None else None
     if not (args.k8s_bin / "kube-apiserver").is_file():
         sys.exit(
             "bench admission: --k8s-bin (or GPUGUARD_K8S_BIN) must name the built control plane; bench/run does"
