@@ -87,6 +87,7 @@ KYVERNO_LABEL = "bench.gpuguard.io/kyverno"
 KYVERNO_NAMESPACE = "kyverno"
 CONNECTIONS = 32  # the open loop's pool: enough that a slow create never holds up the next one
 SATURATION_CONNECTIONS = 8
+CLEAN_UP_TIMEOUT_S = 300.0
 FLOOR_RATE = 200
 FLOOR_P50_MS = 1.0
 FLOOR_P99_MS = 3.0
@@ -502,8 +503,8 @@ class Creators:
         for thread in self._threads:
             thread.join(timeout=30)
 
-    def _connect(self) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(LOOPBACK, self.plane.port, context=self.context, timeout=30)
+    def _connect(self, timeout_s: float = 30) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(LOOPBACK, self.plane.port, context=self.context, timeout=timeout_s)
 
     def _work(self) -> None:
         connection: http.client.HTTPSConnection | None = None
@@ -560,8 +561,9 @@ class Creators:
         return batch.samples
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        """One request on a connection of its own (setup and clean-up, outside any measurement)."""
-        connection = self._connect()
+        """One request on a connection of its own (setup and clean-up, outside any measurement). Deleting
+        the 2,000 pods of a 200/s run can take minutes on a busy machine: the timeout allows for it."""
+        connection = self._connect(timeout_s=CLEAN_UP_TIMEOUT_S)
         try:
             connection.request(method, path, body, HEADERS)
             response = connection.getresponse()
