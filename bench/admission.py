@@ -731,11 +731,16 @@ class Mutations:
 
     seen: dict[str, dict[int, set[tuple[int | None, ...]]]] = field(default_factory=dict)
     pods: dict[str, int] = field(default_factory=dict)
+    sources: dict[int, str] = field(default_factory=dict)
 
     def record(self, extension: Extension, run: Run) -> None:
         by_template = self.seen.setdefault(extension.key, {})
         for sample in run.created:
-            by_template.setdefault(sample.template, set()).add(readiness_seconds(orjson.loads(sample.body)))
+            created = orjson.loads(sample.body)
+            by_template.setdefault(sample.template, set()).add(readiness_seconds(created))
+            self.sources[sample.template] = (
+                created["metadata"].get("annotations", {}).get("bench.gpuguard.io/source", "")
+            )
         self.pods[extension.key] = self.pods.get(extension.key, 0) + len(run.created)
 
     def verdict(self, extension: Extension, reference: str) -> tuple[bool, str]:
@@ -751,7 +756,10 @@ class Mutations:
             return False, f"templates {defaulted} kept the API server's {API_SERVER_DEFAULT_SECONDS} s"
         differ = [t for t, values in mine.items() if theirs.get(t) != values]
         if differ:
-            return False, f"templates {differ} differ from gpuguard's"
+            return False, f"templates {differ} differ from gpuguard's: " + "; ".join(
+                f"{self.sources.get(t, t)}: {sorted(mine[t])} vs {sorted(theirs.get(t, set()))}"
+                for t in differ
+            )
         return True, f"{self.pods[extension.key]:,} pods, all {len(mine)} templates as gpuguard leaves them"
 
 
