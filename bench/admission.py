@@ -77,7 +77,11 @@ from install_harness import (  # noqa: E402
 from webhook_harness import READINESS_KEYS, metric_samples, readiness_tolerations  # noqa: E402
 
 JSON = dict[str, Any]
-CORPUS = REPO.parent / "shared" / "corpus"
+# Beside the clone, or higher up for a worktree (as tests/shared_corpus.py finds it).
+CORPUS = next(
+    (path / "shared" / "corpus" for path in REPO.parents if (path / "shared" / "corpus").is_dir()),
+    REPO.parent / "shared" / "corpus",
+)
 MAP_MANIFEST = REPO / "bench" / "map" / "readiness-tolerations.yaml"
 KYVERNO_POLICY = REPO / "bench" / "kyverno" / "readiness-tolerations.yaml"
 # What selects each extension's namespace: the webhook configurations' and the binding's namespaceSelector.
