@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import queue
+import resource
 import shutil
 import statistics
 import sys
@@ -54,7 +55,15 @@ from webhook.policy.model import Accelerators, default_policy
 REPO = Path(__file__).resolve().parents[1]
 # The end-to-end harness is the bench's too: the same control plane, deploy/ install and gpuguard replica.
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
-from controlplane import LOOPBACK, ControlPlane, http_get  # noqa: E402
+from controlplane import (  # noqa: E402
+    LOOPBACK,
+    ControlPlane,
+    free_ports,
+    http_get,
+    spawn,
+    wait_until,
+    without_proxies,
+)
 from install_harness import (  # noqa: E402
     CONFIGURATION_KINDS,
     DEPLOY,
@@ -68,13 +77,21 @@ from install_harness import (  # noqa: E402
 from webhook_harness import READINESS_KEYS, metric_samples, readiness_tolerations  # noqa: E402
 
 JSON = dict[str, Any]
-CORPUS = REPO.parent / "shared" / "corpus"
+# Beside the clone, or higher up for a worktree (as tests/shared_corpus.py finds it).
+CORPUS = next(
+    (path / "shared" / "corpus" for path in REPO.parents if (path / "shared" / "corpus").is_dir()),
+    REPO.parent / "shared" / "corpus",
+)
 MAP_MANIFEST = REPO / "bench" / "map" / "readiness-tolerations.yaml"
+KYVERNO_POLICY = REPO / "bench" / "kyverno" / "readiness-tolerations.yaml"
 # What selects each extension's namespace: the webhook configurations' and the binding's namespaceSelector.
 GPUGUARD_LABEL = "bench.gpuguard.io/gpuguard"
 MAP_LABEL = "bench.gpuguard.io/map"
+KYVERNO_LABEL = "bench.gpuguard.io/kyverno"
+KYVERNO_NAMESPACE = "kyverno"
 CONNECTIONS = 32  # the open loop's pool: enough that a slow create never holds up the next one
 SATURATION_CONNECTIONS = 8
+CLEAN_UP_TIMEOUT_S = 300.0
 FLOOR_RATE = 200
 FLOOR_P50_MS = 1.0
 FLOOR_P99_MS = 3.0
@@ -344,6 +361,80 @@ def install_map(plane: ControlPlane) -> Extension:
     )
 
 
+def install_kyverno(plane: ControlPlane, build: Path, work: Path, stack: ExitStack) -> Extension:
+    """Kyverno's admission controller (bench/kyverno/build.sh's build) as a process outside the cluster,
+    the way its own docs run it for development (`--serverIP`: webhook URLs on loopback instead of its
+    Service), with the Helm chart's defaults where they touch admission: events for PolicyApplied and
+    PolicySkipped omitted. Admission reports are off: Kyverno writes them after answering, and without
+    its reports controller (not run here) they pile up. Its webhooks select the bench's namespace only
+    (the `webhooks` key of its ConfigMap); bench/kyverno/'s ClusterPolicy does the mutation."""
+    plane.kubectl("apply", "--server-side", "-R", "-f", str(build / "crds"))
+    configmaps = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": KYVERNO_NAMESPACE},
+            "data": data,
+        }
+        for name, data in (
+            (
+                "kyverno",
+                {"webhooks": json.dumps({"namespaceSelector": {"matchLabels": {KYVERNO_LABEL: "true"}}})},
+            ),
+            ("kyverno-metrics", {}),
+        )
+    ]
+    _labelled_namespace(plane, KYVERNO_NAMESPACE, {})
+    plane.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": configmaps})
+    )
+    port, metrics_port, profile_port = free_ports(3)
+    env = without_proxies() | {
+        "KYVERNO_NAMESPACE": KYVERNO_NAMESPACE,
+        "KYVERNO_POD_NAME": "kyverno-bench",
+        "KYVERNO_SERVICEACCOUNT_NAME": "kyverno-admission-controller",
+        "KYVERNO_DEPLOYMENT": "kyverno-admission-controller",
+        "KYVERNO_SVC": "kyverno-svc",
+        "INIT_CONFIG": "kyverno",
+        "METRICS_CONFIG": "kyverno-metrics",
+    }
+    argv: list[str | Path] = [
+        build / "kyverno",
+        f"--kubeconfig={plane.kubeconfig}",
+        f"--serverIP={LOOPBACK}:{port}",
+        f"--webhookServerHost={LOOPBACK}",
+        f"--webhookServerPort={port}",
+        f"--metricsPort={metrics_port}",
+        f"--profilePort={profile_port}",
+        "--controllerRuntimeMetricsAddress=0",
+        "--caSecretName=kyverno-svc.kyverno.svc.kyverno-tls-ca",
+        "--tlsSecretName=kyverno-svc.kyverno.svc.kyverno-tls-pair",
+        "--webhookTimeout=3",  # deploy/'s timeoutSeconds for gpuguard
+        "--omitEvents=PolicyApplied,PolicySkipped",
+        "--admissionReports=false",
+        "--loggingFormat=json",
+    ]
+    process = spawn(argv, work / "kyverno.log", env, cwd=work)
+    stack.callback(process.stop)
+    # The policy webhook validating ClusterPolicies is Kyverno's own: the apply works once it answers.
+    policy = KYVERNO_POLICY.read_text()
+
+    def applied() -> bool:
+        return plane.kubectl("apply", "-f", "-", input=policy, check=False).returncode == 0
+
+    wait_until(applied, timeout=120, what="Kyverno accepting its ClusterPolicy", process=process)
+    namespace = _labelled_namespace(plane, "bench-kyverno", {KYVERNO_LABEL: "true"})
+    webhook = "mutate.kyverno.svc-ignore"  # the ClusterPolicy's failurePolicy: Ignore
+    return Extension(
+        "d",
+        "(d) Kyverno ClusterPolicy",
+        namespace,
+        {f"webhook {webhook}": webhook_series(webhook)},
+        True,
+        Meter(process.popen.pid),
+    )
+
+
 # --- the load --------------------------------------------------------------------------------------------
 
 
@@ -416,8 +507,8 @@ class Creators:
         for thread in self._threads:
             thread.join(timeout=30)
 
-    def _connect(self) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(LOOPBACK, self.plane.port, context=self.context, timeout=30)
+    def _connect(self, timeout_s: float = 30) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(LOOPBACK, self.plane.port, context=self.context, timeout=timeout_s)
 
     def _work(self) -> None:
         connection: http.client.HTTPSConnection | None = None
@@ -474,8 +565,9 @@ class Creators:
         return batch.samples
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        """One request on a connection of its own (setup and clean-up, outside any measurement)."""
-        connection = self._connect()
+        """One request on a connection of its own (setup and clean-up, outside any measurement). Deleting
+        the 2,000 pods of a 200/s run can take minutes on a busy machine: the timeout allows for it."""
+        connection = self._connect(timeout_s=CLEAN_UP_TIMEOUT_S)
         try:
             connection.request(method, path, body, HEADERS)
             response = connection.getresponse()
@@ -498,6 +590,7 @@ class Run:
     rejections: float
     plane_cpu_s: float
     extension_cpu_s: float
+    client_cpu_s: float  # the bench's own process: its creating threads, and the scheduling one
     noise: float = 0.0
 
     @property
@@ -538,17 +631,15 @@ class Bench:
         series = {"request": REQUEST, "admit step": ADMIT_STEP, "validate step": VALIDATE_STEP}
         series |= {name: plugin(name) for name in PLUGINS} | extension.series
         metrics = {s.metric for s in series.values()} | {FAIL_OPEN, REJECTIONS}
-        before, plane_cpu, extension_cpu = (
-            Scrape(self.plane, metrics),
-            self._plane_cpu(),
-            self._cpu(extension),
-        )
+        before = Scrape(self.plane, metrics)
+        plane_cpu, extension_cpu, client_cpu = self._plane_cpu(), self._cpu(extension), _client_cpu()
         samples = load()
-        after, plane_cpu, extension_cpu = (
-            Scrape(self.plane, metrics),
+        plane_cpu, extension_cpu, client_cpu = (
             self._plane_cpu() - plane_cpu,
             self._cpu(extension) - extension_cpu,
+            _client_cpu() - client_cpu,
         )
+        after = Scrape(self.plane, metrics)
         self.delete_pods(extension.namespace)
         return Run(
             samples,
@@ -557,6 +648,7 @@ class Bench:
             after.counter(REJECTIONS) - before.counter(REJECTIONS),
             plane_cpu,
             extension_cpu,
+            client_cpu,
         )
 
     def at_rate(self, extension: Extension, rate: float, seconds: float) -> Run:
@@ -589,6 +681,11 @@ class Bench:
     @staticmethod
     def _cpu(extension: Extension) -> float:
         return extension.process.cpu_seconds() if extension.process is not None else 0.0
+
+
+def _client_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 PLUGINS = ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "MutatingAdmissionPolicy")
@@ -740,6 +837,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = SAY) -> Results:
             creators = stack.enter_context(Creators(plane, CONNECTIONS))
             say("installing deploy/ and one gpuguard replica; applying bench/map/")
             extensions = [no_extension(plane), install_gpuguard(plane, work, stack), install_map(plane)]
+            if args.kyverno is not None:
+                say(f"starting Kyverno from {args.kyverno}")
+                extensions.append(install_kyverno(plane, args.kyverno, work, stack))
             pods, sources = load_pods(args.corpus)
             install_priority_classes(plane, pods)
             probe = orjson.dumps(fallback_pods()[0])
@@ -843,10 +943,11 @@ def report(results: Results, command: str) -> str:
         f"Command: `{command}`",
         "",
         "Client-observed pod creates (open loop: latency from the moment each create was due; "
-        f"{len(next(iter(results.runs.values())))} interleaved runs pooled per row):",
+        f"{len(next(iter(results.runs.values())))} interleaved runs pooled per row; a policy's CPU is the "
+        "API server's):",
         "",
         "| Admission | Offered | Created/s | p50 ms | p99 ms | max ms | vs (a): p50 / p99 ms | Failed "
-        "| CPU ms per create: API server + etcd / extension | Others' CPU |",
+        "| CPU ms per create: API server + etcd / extension / client | Others' CPU |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rate in results.rates:
@@ -863,11 +964,12 @@ def report(results: Results, command: str) -> str:
             )
             plane_cpu = sum(run.plane_cpu_s for run in runs) / created * 1e3
             own_cpu = sum(run.extension_cpu_s for run in runs) / created * 1e3
+            client_cpu = sum(run.client_cpu_s for run in runs) / created * 1e3
             lines.append(
                 f"| {extension.label} | {rate:g}/s | {statistics.mean(run.rate for run in runs):,.1f} "
                 f"| {fmt_ms(percentile(latencies, 0.5))} | {fmt_ms(percentile(latencies, 0.99))} "
                 f"| {fmt_ms(max(latencies))} | {versus} | {sum(len(run.errors) for run in runs)} "
-                f"| {plane_cpu:.2f} / {'in the API server' if extension.process is None else f'{own_cpu:.2f}'} "
+                f"| {plane_cpu:.2f} / {'—' if extension.process is None else f'{own_cpu:.2f}'} / {client_cpu:.2f} "
                 f"| {max(run.noise for run in runs):.0%} |"
             )
     lines += [
@@ -951,12 +1053,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=float, default=1, help="seconds of warm-up before each run")
     parser.add_argument("--corpus", type=Path, default=CORPUS, help=f"GPU manifests (default {CORPUS})")
+    parser.add_argument(
+        "--kyverno",
+        type=Path,
+        help="add scenario (d): Kyverno from this bench/kyverno/build.sh folder (bench/run --with-kyverno)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("admission-results.md"))
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument(
         "--wait-quiet", type=float, default=120, help="seconds to wait at most for other load"
     )
     args = parser.parse_args(argv)
+    # The processes start in the run's work directory: paths given relative to here must not move.
+    args.k8s_bin = args.k8s_bin.resolve()
+    args.kyverno = args.kyverno.resolve() if args.kyverno is not None else None
     if not (args.k8s_bin / "kube-apiserver").is_file():
         sys.exit(
             "bench admission: --k8s-bin (or GPUGUARD_K8S_BIN) must name the built control plane; bench/run does"

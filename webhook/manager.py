@@ -12,9 +12,10 @@ import ctypes
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from webhook import probes
 from webhook.admission.app import AdmissionApp, State
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
     from webhook.certs import controller as certificates
     from webhook.kube.client import ApiClient
+    from webhook.kube.informer import Informer
 
 log = logging.getLogger("gpuguard.manager")
 
@@ -51,14 +53,16 @@ class Options:
 
 
 def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threading.Event) -> None:
-    """Starts the fact caches and the ConfigMap watch; the first lists complete before serving."""
+    """Starts the fact caches and the ConfigMap watch; the first lists complete before serving.
+
+    The policy ConfigMap is read first, so that the node cache is filled once, under the policy that
+    will be served, rather than once under the embedded one and again under the ConfigMap's.
+    """
     from webhook.kube import facts, policy_source
     from webhook.kube.events import EventRecorder, api_sender
 
-    publisher = facts.FactsPublisher(
-        get=lambda: state.facts, put=lambda snapshot: setattr(state, "facts", snapshot)
-    )
-    informers = facts.fact_informers(api, publisher, stop) if options.cluster else []
+    informers: list[Informer[Any]] = []
+    configmap: policy_source.PolicyConfigMap | None = None
     if options.policy_configmap:
         namespace, _, name = options.policy_configmap.partition("/")
         source = f"ConfigMap {namespace}/{name}"
@@ -81,11 +85,33 @@ def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threa
                 configmap.event("PriorityClassMissing", message, warning=True)
 
         state.store.on_loaded = loaded
+        configmap.informer.sync()
         informers.append(configmap.informer)
+    if options.cluster:
+        publisher = facts.FactsPublisher(
+            get=lambda: state.facts, put=lambda snapshot: setattr(state, "facts", snapshot)
+        )
+        cluster = facts.FactInformers(api, publisher, stop, state.policy)
+        _also_on_loaded(state.store, cluster.policy_loaded)
+        for informer in cluster.informers:
+            informer.sync()
+        informers += cluster.informers
     for informer in informers:
-        informer.sync()
         informer.start()
-    _missing_priority_class(state)
+    message = _missing_priority_class(state)
+    if message and configmap is not None and state.store.source.startswith("ConfigMap"):
+        # Loaded from the ConfigMap before the PriorityClasses were known: say it now that they are.
+        configmap.event("PriorityClassMissing", message, warning=True)
+
+
+def _also_on_loaded(store: PolicyStore, hook: Callable[[Policy], None]) -> None:
+    previous = store.on_loaded
+
+    def both(policy: Policy) -> None:
+        previous(policy)
+        hook(policy)
+
+    store.on_loaded = both
 
 
 def _missing_priority_class(state: State) -> str | None:

@@ -436,6 +436,45 @@ def test_pod_bound_to_an_accelerator_node_by_name_is_guarded(
     assert (pod["spec"]["nodeName"], pod["spec"]["priority"]) == (cluster.cpu_node, 0)
 
 
+def denied_by_guard(answer: subprocess.CompletedProcess[str]) -> bool:
+    return answer.returncode != 0 and f'admission webhook "{VALIDATING}" denied the request' in answer.stderr
+
+
+def test_a_relabelled_node_is_guarded_without_a_restart(
+    control_plane: ControlPlane, live_ns: str, cluster: Cluster
+) -> None:
+    node = f"e2e-relabelled-node-{secrets.token_hex(3)}"
+    submit(control_plane, "create", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    try:
+        pod = on_node("on-relabelled", live_ns, node)
+        dry_run_until(control_plane, pod, admitted_unmutated, what="a pod bound to a CPU node admitted")
+        control_plane.kubectl("label", "node", node, f"{GPU_NODE_LABEL}=true")
+        dry_run_until(
+            control_plane, pod, denied_by_guard, what="the relabelled node guarded", timeout=CACHE_SECONDS
+        )
+    finally:
+        control_plane.kubectl("delete", "node", node, "--wait=false", check=False)
+
+
+def test_a_policy_naming_a_new_node_label_guards_the_nodes_carrying_it(
+    control_plane: ControlPlane, live: LiveWebhook, live_ns: str, cluster: Cluster
+) -> None:
+    """The node cache keeps only the labels the policy names: a new policy makes gpuguard list the nodes
+    again, so a label it had no reason to keep before now makes an accelerator node."""
+    label = "example.com/fpga"
+    node = f"e2e-fpga-node-{secrets.token_hex(3)}"
+    metadata = {"name": node, "labels": {label: "true"}}
+    submit(control_plane, "create", {"apiVersion": "v1", "kind": "Node", "metadata": metadata})
+    try:
+        pod = on_node("on-fpga", live_ns, node)
+        dry_run_until(control_plane, pod, admitted_unmutated, what="a pod bound to an unknown-label node")
+        labels = [*parse_policy(facts_policy(cluster.never)).accelerators.nodeLabels, label]
+        live.set_policy(facts_policy(cluster.never) + f"accelerators:\n  nodeLabels: {json.dumps(labels)}\n")
+        dry_run_until(control_plane, pod, denied_by_guard, what="the node guarded under the new policy")
+    finally:
+        control_plane.kubectl("delete", "node", node, "--wait=false", check=False)
+
+
 # --- DRA ------------------------------------------------------------------------------------------------
 
 

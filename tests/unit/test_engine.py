@@ -1,14 +1,11 @@
-"""webhook.policy.engine: what is mutated at all, the marks it leaves, and convergence."""
+"""webhook.policy.engine: what is mutated at all, the marks it leaves, and idempotence."""
 
 from __future__ import annotations
 
 import pytest
 
-from webhook.policy import engine, rules
-from webhook.policy.facts import ClusterFacts
+from webhook.policy import engine
 from webhook.policy.model import Policy
-from webhook.policy.rules import Report
-from webhook.policy.workload import Workload
 
 from .builders import (
     GPU,
@@ -209,17 +206,6 @@ def test_request_kind_overrides_the_object(policy: Policy) -> None:
     del obj["apiVersion"], obj["kind"]
     assert engine.mutate(obj, policy).skipped == "kind not handled"
     assert engine.mutate(obj, policy, group="batch", kind="Job").changed
-
-
-def test_a_mutator_that_never_converges_is_caught(monkeypatch: pytest.MonkeyPatch, policy: Policy) -> None:
-    def restless(workload: Workload, _: Policy, __: ClusterFacts) -> Report:
-        spec = workload.pod_spec
-        spec["counter"] = spec.get("counter", 0) + 1
-        return Report(changes=["bump counter"])
-
-    monkeypatch.setitem(rules.MUTATORS, "priority", restless)
-    with pytest.raises(engine.NotConvergingError, match="do not converge"):
-        engine.mutate(defaulted_gpu_pod(), policy)
 
 
 def _gpu_job_template(**fields: object) -> JSON:

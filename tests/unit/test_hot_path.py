@@ -32,6 +32,7 @@ import yaml
 from webhook.admission import review
 from webhook.policy import engine, patch
 from webhook.policy.facts import NO_FACTS, ClusterFacts, NodeInfo, PriorityClassInfo
+from webhook.policy.fields import NotPartial, PartialDecoder, Subtree, narrow
 from webhook.policy.model import Policy, default_policy, parse_policy
 from webhook.policy.workload import split_api_version
 
@@ -454,7 +455,7 @@ def test_padding_cost_is_reported(summary: Callable[[str, str], None]) -> None:
 
 Access = tuple[str, ...]
 EVERY_KEY = "*"  # the rule saw which keys a mapping has (iterated it, took its length)
-TRUTH = "?"  # the rule asked whether a mapping is empty: review.narrow never empties one, so that is safe
+TRUTH = "?"  # the rule asked whether a mapping is empty: narrow never empties one, so that is safe
 ITEM = "[]"
 
 
@@ -561,7 +562,7 @@ class _RecordingList(list[Any]):
         return super().__len__()
 
 
-def _covered(access: Access, fields: review.FieldTree | tuple[review.FieldTree] | None) -> bool:
+def _covered(access: Access, fields: Subtree) -> bool:
     """Whether the narrowed object shows the rules exactly what the whole object would at `access`."""
     for step in access:
         if fields is None or step == TRUTH:
@@ -584,14 +585,12 @@ def test_the_rules_touch_nothing_outside_rule_fields() -> None:
     ):
         recorder = _Recorder()
         group, kind = split_api_version(obj.get("apiVersion")), obj.get("kind")
-        engine.mutate(
-            recorder.wrap(copy.deepcopy(obj)),
-            policy,
-            namespace=NAMESPACE,
-            group=group,
-            kind=kind,
-            facts=facts,
-        )
+        context: dict[str, Any] = {"namespace": NAMESPACE, "group": group, "kind": kind, "facts": facts}
+        engine.mutate(recorder.wrap(copy.deepcopy(obj)), policy, **context)
+        # The guard reads the same cut object, on creates and on updates (the old object too).
+        engine.validate(recorder.wrap(copy.deepcopy(obj)), policy, **context)
+        old = recorder.wrap(copy.deepcopy(obj))
+        engine.validate(recorder.wrap(copy.deepcopy(obj)), policy, operation="UPDATE", old=old, **context)
         for access in recorder.accesses:
             if not _covered(access, review.RULE_FIELDS):
                 uncovered.setdefault(access, f"{name}, policy {policy_name}, facts {facts_name}")
@@ -623,18 +622,76 @@ def test_answers_are_those_of_the_whole_object(policy_name: str, facts_name: str
         assert sent == expected, name
 
 
+@pytest.mark.parametrize("facts_name", list(FACTS))
+@pytest.mark.parametrize("policy_name", list(POLICIES))
+def test_the_rules_converge_on_every_object(policy_name: str, facts_name: str) -> None:
+    """The engine no longer re-runs the rules on each request to prove this: it is proven here, over every
+    branch, example and corpus object (and by the property tests over generated ones)."""
+    policy, facts = POLICIES[policy_name], FACTS[facts_name]
+    for name, obj in OBJECTS:
+        group, kind = split_api_version(obj.get("apiVersion")), obj.get("kind")
+        first = engine.mutate(obj, policy, namespace=NAMESPACE, group=group, kind=kind, facts=facts)
+        again = engine.mutate(first.obj, policy, namespace=NAMESPACE, group=group, kind=kind, facts=facts)
+        assert not again.changed, f"{name}: {[d.message for d in again.decisions if d.outcome == 'applied']}"
+
+
 def test_narrow_keeps_shape_and_never_empties() -> None:
     obj: JSON = {
         "kind": "Pod",
         "metadata": {"labels": {"a": "b"}, "managedFields": [{"x": 1}]},
-        "spec": {"containers": [{"name": "a", "env": [1]}, "junk"], "tolerations": 7, "volumes": []},
+        "spec": {"containers": [{"name": "a", "env": [1]}, "junk"], "tolerations": 7, "overhead": {}},
         "status": {},
     }
-    cut = review.narrow(obj)
+    cut = narrow(obj, review.RULE_FIELDS)
     assert cut == {
         "kind": "Pod",
         "metadata": obj["metadata"],  # nothing the rules read in it: kept whole rather than emptied
         "spec": {"containers": [{"name": "a"}, "junk"], "tolerations": 7},
     }
     assert cut["spec"]["tolerations"] is obj["spec"]["tolerations"]
-    assert review.narrow(["not", "a", "mapping"]) == ["not", "a", "mapping"]
+    assert narrow(["not", "a", "mapping"], review.RULE_FIELDS) == ["not", "a", "mapping"]
+
+
+@pytest.mark.parametrize("facts_name", list(FACTS))
+@pytest.mark.parametrize("policy_name", list(POLICIES))
+def test_mutate_never_edits_the_object_it_is_given(policy_name: str, facts_name: str) -> None:
+    """`mutate` copies only engine.WRITTEN_FIELDS and shares the rest with its input: a rule writing
+    anywhere else, in any mode (dry runs write to a scratch copy of the same kind), edits the input."""
+    policy, facts = POLICIES[policy_name], FACTS[facts_name]
+    for name, obj in OBJECTS:
+        given = copy.deepcopy(obj)
+        group, kind = split_api_version(obj.get("apiVersion")), obj.get("kind")
+        engine.mutate(given, policy, namespace=NAMESPACE, group=group, kind=kind, facts=facts)
+        assert given == obj, name
+
+
+def test_decoding_part_of_a_review_is_cutting_the_whole_one() -> None:
+    """Malformed objects (a string where a container belongs) are refused and decoded whole; every
+    other review decodes partially to what the whole decoding cut down would be."""
+    decoder = PartialDecoder(review.REVIEW_FIELDS, "Review")
+    partial = 0
+    for name, obj in OBJECTS:
+        for request in (admission_review(obj), padded(admission_review(obj), 10)):
+            request["request"]["oldObject"] = copy.deepcopy(obj)
+            body = orjson.dumps(request)
+            try:
+                cut = decoder.decode(body)
+            except NotPartial:
+                continue
+            assert cut == narrow(orjson.loads(body), review.REVIEW_FIELDS), name
+            partial += 1
+    assert partial > len(OBJECTS), "most reviews must take the partial path"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"request": {"object": {"spec": {"containers": "not a list"}}}}',
+        b'{"request": {"object": {"metadata": {"uid": "only keys the tree leaves out"}}}}',
+        b'{"request": {"uid": "x"}} trailing',
+        b"[1, 2]",
+    ],
+)
+def test_a_review_partial_decoding_cannot_match_is_decoded_whole(body: bytes) -> None:
+    with pytest.raises(NotPartial):
+        PartialDecoder(review.REVIEW_FIELDS, "Review").decode(body)

@@ -14,12 +14,13 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
 import orjson
 
 from webhook.policy import engine, patch
 from webhook.policy.facts import LOOKUPS, ClusterFacts
+from webhook.policy.fields import FieldTree, NotPartial, PartialDecoder, narrow
 from webhook.policy.model import Policy
 from webhook.policy.workload import as_dict
 
@@ -37,23 +38,25 @@ Result = Literal["allowed", "denied", "error"]
 log = logging.getLogger("gpuguard.review")
 
 
-# The parts of an object the rules read or write, as a tree: a mapping selects those keys of a mapping, a
-# one-item tuple applies its tree to every item of a list, None keeps the value whole. /mutate runs the
-# engine on the object cut down to this tree, and diffs that: managedFields, env, volumes and the like
-# (most of a real pod) are then never copied or walked, so a request costs what the rules read, not what
-# the API server sends. A rule that reads or writes a field outside the tree would silently see it absent:
-# tests/unit/test_hot_path.py records every access the rules make and fails on one outside it.
-FieldTree: TypeAlias = dict[str, "FieldTree | tuple[FieldTree] | None"]
+# The parts of an object the rules read or write (webhook.policy.fields explains the tree). Reviews are
+# decoded down to this tree for both endpoints: managedFields, env, volumes and the like (most of a real
+# pod) are skipped as the JSON is parsed, never built, copied or walked, so a request costs what the
+# rules read, not what the API server sends. A rule that reads or writes a field outside the tree would
+# silently see it absent: tests/unit/test_hot_path.py records every access the rules make and fails on
+# one outside it.
 _CONTAINER: FieldTree = {
     "name": None,
     "image": None,
     "resources": None,
     "lifecycle": None,
     "restartPolicy": None,
+    "volumeMounts": None,
 }
 _POD_SPEC: FieldTree = {
     "containers": (_CONTAINER,),
     "initContainers": (_CONTAINER,),
+    "ephemeralContainers": (_CONTAINER,),
+    "volumes": ({"name": None, "hostPath": None},),
     "resourceClaims": None,
     "restartPolicy": None,
     "tolerations": None,
@@ -86,22 +89,22 @@ RULE_FIELDS: FieldTree = {
     },
     "spec": _POD_SPEC | _JOB_SPEC | {"jobTemplate": {"spec": _JOB_SPEC}},
 }
-
-
-def narrow(value: Any, fields: FieldTree | tuple[FieldTree] | None = RULE_FIELDS) -> Any:
-    """`value` cut down to `fields`, sharing what is kept whole; anything malformed is kept as it is."""
-    if fields is None:
-        return value
-    if type(fields) is tuple:
-        if type(value) is not list:
-            return value
-        return [narrow(item, fields[0]) for item in value]
-    if type(value) is not dict:
-        return value
-    assert isinstance(fields, dict)
-    kept = {key: narrow(item, fields[key]) for key, item in value.items() if key in fields}
-    # Never empty what was not: `x or {}` and `if not x` must read the cut mapping as they read the whole.
-    return kept if kept or not value else value
+# What the answer and the decision log read of the review around the objects.
+REVIEW_FIELDS: FieldTree = {
+    "apiVersion": None,
+    "kind": None,
+    "request": {
+        "uid": None,
+        "kind": None,
+        "namespace": None,
+        "name": None,
+        "operation": None,
+        "dryRun": None,
+        "object": RULE_FIELDS,
+        "oldObject": RULE_FIELDS,
+    },
+}
+_PARTIAL = PartialDecoder(REVIEW_FIELDS, "AdmissionReview")
 
 
 class BadReview(ValueError):
@@ -195,11 +198,20 @@ def rejected(
     return Answer(body, allowed=False, summary={"uid": uid, "error": message, "code": code}, error=True)
 
 
-def _parse(body: bytes | bytearray) -> tuple[str, dict[str, Any]]:
+def _decode(body: bytes | bytearray) -> tuple[Any, bool]:
+    """The review, and whether its objects are already cut down to RULE_FIELDS."""
     try:
-        review = orjson.loads(body)
+        return _PARTIAL.decode(body), True
+    except NotPartial:
+        pass  # decoded whole below: the same review, or the error a user can read
+    try:
+        return orjson.loads(body), False
     except orjson.JSONDecodeError as exc:
         raise BadReview(f"body is not JSON: {exc}", uid_in(bytes(body[:UID_SCAN_BYTES]))) from exc
+
+
+def _parse(body: bytes | bytearray) -> tuple[str, dict[str, Any], bool]:
+    review, narrowed = _decode(body)
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")
     request = as_dict(review.get("request"))
@@ -212,7 +224,7 @@ def _parse(body: bytes | bytearray) -> tuple[str, dict[str, Any]]:
     if api_version not in SUPPORTED_VERSIONS:
         message = f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)}, got {_describe(api_version)}"
         raise BadReview(message, uid)
-    return api_version, request
+    return api_version, request, narrowed
 
 
 def _object_name(obj: object) -> str:
@@ -244,10 +256,14 @@ def review(
 ) -> Answer:
     """Answers one AdmissionReview for /mutate or /validate."""
     try:
-        api_version, request = _parse(body)
+        api_version, request, narrowed = _parse(body)
     except BadReview as exc:
         return rejected(str(exc), uid=exc.uid)
     uid: str = request["uid"]
+    if not narrowed:
+        for key in ("object", "oldObject"):
+            if key in request:
+                request[key] = narrow(request[key], RULE_FIELDS)
     try:
         return _answer(api_version, request, endpoint=endpoint, policy=policy, facts=facts)
     except (RecursionError, orjson.JSONEncodeError):
@@ -285,9 +301,8 @@ def _answer(
     }
     obj = request.get("object")
     if endpoint == "mutate":
-        result = engine.mutate(narrow(obj), policy, **context)
+        result = engine.mutate(obj, policy, **context)
     else:
-        # Validation copies nothing and walks only what it reads: the whole object costs it nothing more.
         result = engine.validate(obj, policy, old=request.get("oldObject"), **context)
     warnings = warnings_for(result.decisions)
     if facts is not None and facts.unavailable and result.skipped is None:

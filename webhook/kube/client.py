@@ -25,9 +25,10 @@ from webhook.kube.informer import ExpiredError, ListPage, NotServedError
 # What a failed API call raises, for callers that say what failed without importing the client.
 ApiError = ApiException
 REQUEST_TIMEOUT_SECONDS = 10
-# Pages of a list: large enough that a 5,000-node fleet is a handful of requests, small enough that no
-# single response holds the whole fleet in memory at once.
-PAGE_SIZE = 500
+# Pages of a list. A page is decoded whole, and the memory its objects took stays with the process
+# (freed, but rarely returned to the system): with 11 KB nodes, pages of 500 left a replica 47 MB
+# larger after the first list, pages of 100 12 MB, for 40 more requests per 5,000 nodes (about 0.2 s).
+PAGE_SIZE = 100
 
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "ResourceListWatch",
     "UnreachableError",
     "api_client",
+    "collection",
     "metadata_of",
     "raw_json",
 ]
@@ -85,6 +87,38 @@ def api_client(kubeconfig: str | None = None) -> ApiClient:
 def raw_json(response: object) -> Any:
     """The body of a call made with `_preload_content=False`, whatever the client's annotation says."""
     return orjson.loads(cast(Any, response).data)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.lstrip("_").split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def collection(api: ApiClient, path: str) -> Callable[..., Any]:
+    """A list call for the collection at `path` ("/api/v1/nodes"), taking the arguments of the generated
+    ones (`limit`, `_continue`, `watch`, `field_selector`, ...) and answering the raw response.
+
+    The generated API classes cost memory for what a raw read never uses: the first use of
+    `CoreV1Api` imports some 250 pydantic models (about 21 MB of a replica's resident memory).
+    """
+
+    def call(*, _preload_content: bool = False, _request_timeout: Any = None, **params: Any) -> Any:
+        assert not _preload_content, "raw collection calls answer the undecoded response"
+        query = [(_camel(name), value) for name, value in params.items() if value is not None]
+        request = api.param_serialize(
+            "GET",
+            path,
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = api.call_api(*request, _request_timeout=_request_timeout)
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return response.response
+
+    return call
 
 
 def metadata_of(raw: object) -> dict[str, Any]:

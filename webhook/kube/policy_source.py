@@ -11,7 +11,15 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, AccessError, ResourceListWatch, metadata_of, raw_json
+from webhook.kube.client import (
+    REQUEST_TIMEOUT_SECONDS,
+    AccessError,
+    ApiClient,
+    ResourceListWatch,
+    collection,
+    metadata_of,
+    raw_json,
+)
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Informer
 
@@ -21,7 +29,7 @@ class PolicyConfigMap:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         namespace: str,
         name: str,
         *,
@@ -38,8 +46,7 @@ class PolicyConfigMap:
         self.uid = ""
         self._last: str | bool | None = False  # False: nothing seen yet
         source = ResourceListWatch(
-            client.CoreV1Api(api).list_namespaced_config_map,
-            namespace=namespace,
+            collection(api, f"/api/v1/namespaces/{namespace}/configmaps"),
             field_selector=f"metadata.name={name}",
         )
         self.informer: Informer[str | None] = Informer("policy ConfigMap", source, self._convert, stop=stop)

@@ -40,14 +40,18 @@ def _diff(original: Any, mutated: Any, path: str, out: list[Operation]) -> None:
                 out.append({"op": "add", "path": f"{path}/{escape(key)}", "value": mutated[key]})
             else:
                 before, after = original[key], mutated[key]
-                # Equal scalars are most of a document: skip them without a call or a path string.
-                if type(before) is type(after) and type(before) not in (dict, list) and before == after:
+                # What both share (the engine copies only what rules write) and equal scalars are most
+                # of a document: skip them without a call or a path string.
+                if before is after or (
+                    type(before) is type(after) and type(before) not in (dict, list) and before == after
+                ):
                     continue
                 _diff(before, after, f"{path}/{escape(key)}", out)
     elif isinstance(original, list) and isinstance(mutated, list):
         common = min(len(original), len(mutated))
         for index in range(common):
-            _diff(original[index], mutated[index], f"{path}/{index}", out)
+            if original[index] is not mutated[index]:
+                _diff(original[index], mutated[index], f"{path}/{index}", out)
         for index in range(len(original) - 1, common - 1, -1):
             out.append({"op": "remove", "path": f"{path}/{index}"})
         for index in range(common, len(mutated)):

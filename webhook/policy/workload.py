@@ -184,12 +184,18 @@ def locate(
 
 def accelerator_resources(container: JSON, accelerators: Accelerators) -> list[str]:
     """The accelerator extended resources a container asks for, by name."""
-    resources = as_dict(container.get("resources")) or {}
+    # Asked several times per container and request: no helper calls.
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return []
+    verdicts = accelerators.resource_verdicts
     found: dict[str, None] = {}
     for section in ("limits", "requests"):
-        for name in as_dict(resources.get(section)) or {}:
-            if isinstance(name, str) and accelerators.is_accelerator_resource(name):
-                found[name] = None
+        names = resources.get(section)
+        if isinstance(names, dict):
+            for name in names:
+                if isinstance(name, str) and verdicts[name]:
+                    found[name] = None
     return list(found)
 
 
