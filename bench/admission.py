@@ -758,13 +758,21 @@ class Mutations:
         defaulted = [t for t, (values,) in mine.items() if API_SERVER_DEFAULT_SECONDS in values]
         if defaulted:
             return False, f"templates {defaulted} kept the API server's {API_SERVER_DEFAULT_SECONDS} s"
-        differ = [t for t, values in mine.items() if theirs.get(t) != values]
+        # A short run may create no pod of some templates in one scenario: only templates both created
+        # can be compared (at least one, or the comparison says nothing).
+        shared = [t for t in mine if t in theirs]
+        if not shared:
+            return False, "no pod template created in both scenarios"
+        differ = [t for t in shared if theirs[t] != mine[t]]
         if differ:
             return False, f"templates {differ} differ from gpuguard's: " + "; ".join(
                 f"{self.sources.get(t, t)}: {sorted(mine[t])} vs {sorted(theirs.get(t, set()))}"
                 for t in differ
             )
-        return True, f"{self.pods[extension.key]:,} pods, all {len(mine)} templates as gpuguard leaves them"
+        return (
+            True,
+            f"{self.pods[extension.key]:,} pods, all {len(shared)} templates both created as gpuguard leaves them",
+        )
 
 
 # --- the run -----------------------------------------------------------------------------------------
