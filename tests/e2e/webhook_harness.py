@@ -175,8 +175,14 @@ def webhook_configurations(
     gpuguard next to it, with webhooks named `mutate.<name>.gpuguard.io` and `validate.<name>...`."""
     selector = namespace_selector or {
         "matchExpressions": [
-            # A dead webhook with failurePolicy Fail must not block the control plane's own namespace.
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]},
+            # A dead webhook with failurePolicy Fail must not block the control plane's own namespace; the
+            # node agent's is left out as deploy/'s webhooks leave it out (its DaemonSet mounts the kubelet's
+            # pod-resources directory, so the session's policy would take it for untrusted device software).
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", "gpuguard-node"],
+            },
             {"key": OWNER_LABEL, "operator": "DoesNotExist"},
         ]
     }
