@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -66,3 +68,28 @@ def create_app(probes: Probes) -> FastAPI:
         return probes.status()
 
     return api
+
+
+class ProbeServer:
+    """The probes over plain HTTP on a thread of their own, for the processes whose work runs on other
+    threads (the controllers, the node agent). SIGTERM and SIGINT set `stop`, which those threads watch."""
+
+    def __init__(self, probes: Probes, host: str, port: int, stop: threading.Event) -> None:
+        import uvicorn  # only to run
+
+        self.stop = stop
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(probes), host=host, port=port, log_config=None, access_log=False, lifespan="on"
+            )
+        )
+        self.thread = threading.Thread(target=self.server.run, name="probes", daemon=True)
+
+    def start(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        self.thread.start()
+
+    def shutdown(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)

@@ -1,21 +1,72 @@
-"""The kubelet's PodResources API, read by the client gpuguard's node agent is to use: which pod
-holds which device, and which devices are still allocatable. A device the plugin marks unhealthy
-stays held by its pod but leaves the allocatable set: exactly the pods on failed devices."""
+"""The kubelet's PodResources API, read by gpuguard's node agent client (webhook.agent.podresources):
+which pod holds which device, and which devices are still allocatable. A device the plugin marks
+unhealthy stays held by its pod but leaves the allocatable set: exactly the pods on failed devices.
+The client reads the protobuf answers field by field; the kubelet's own answers, decoded by the code
+protoc generates from its .proto, are the reference it is held to."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
+import grpc
 import pytest
+from controlplane import wait_until
 from webhook_harness import gpu_pod, submit
+
+from webhook.agent.podresources import PodResourcesClient, decode_allocatable, decode_list
+from webhook.policy import holdings
+from webhook.policy.holdings import Holding
 
 from .conftest import DEVICES_PER_NODE, NodeCluster
 from .device_plugin import HEALTHY, UNHEALTHY, FakeDevicePlugin
-from .podresources import HeldDevices, PodResourcesClient, held_but_not_allocatable
+from .kubelet_api import POD_RESOURCES_SERVICE, KubeletApis
 from .test_device_health import LONG_RUNNING
 from .workloads import GPU, allocatable, on_node, running, wait_for_pod
 
 NODE = "node-b"
+
+
+def raw_answer(socket: Path, method: str) -> bytes:
+    """The kubelet's answer to an empty request, as the bytes it sent. The kubelet rate-limits this
+    API (a burst of 10): a refusal for that is asked again."""
+    answers: list[bytes] = []
+
+    def answered() -> bool:
+        with grpc.insecure_channel(f"unix://{socket}") as channel:
+            call = channel.unary_unary(
+                f"/{POD_RESOURCES_SERVICE}/{method}", request_serializer=bytes, response_deserializer=bytes
+            )
+            try:
+                answers.append(call(b"", timeout=10))
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                return False
+        return True
+
+    wait_until(answered, timeout=30, what=f"the kubelet's answer to {method}")
+    return answers[-1]
+
+
+def reference_holdings(apis: KubeletApis, raw: bytes) -> set[Holding]:
+    """`List`'s answer as the generated code reads it."""
+    found: defaultdict[tuple[str, str, str, str], set[str]] = defaultdict(set)
+    for pod in apis.podresources.ListPodResourcesResponse.FromString(raw).pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                found[pod.namespace, pod.name, container.name, devices.resource_name].update(
+                    devices.device_ids
+                )
+    return {Holding(*key, device_ids=frozenset(ids)) for key, ids in found.items()}
+
+
+def reference_allocatable(apis: KubeletApis, raw: bytes) -> dict[str, frozenset[str]]:
+    found: defaultdict[str, set[str]] = defaultdict(set)
+    for devices in apis.podresources.AllocatableResourcesResponse.FromString(raw).devices:
+        found[devices.resource_name].update(devices.device_ids)
+    return {resource: frozenset(ids) for resource, ids in found.items()}
 
 
 @pytest.fixture
@@ -32,7 +83,7 @@ def plugin(cluster: NodeCluster) -> Iterator[FakeDevicePlugin]:
 
 @pytest.fixture
 def pod_resources(cluster: NodeCluster) -> Iterator[PodResourcesClient]:
-    with PodResourcesClient(cluster.apis, cluster.nodes[NODE].pod_resources_socket) as client:
+    with PodResourcesClient(cluster.nodes[NODE].pod_resources_socket) as client:
         yield client
 
 
@@ -47,23 +98,32 @@ def test_list_and_allocatable_find_the_pod_on_a_failed_device(
     )
     wait_for_pod(plane, namespace, "holder", running, what="running")
 
-    (held,) = [h for h in pod_resources.held_devices() if h.namespace == namespace]
+    (held,) = [h for h in pod_resources.held() if h.namespace == namespace]
     assert (held.pod, held.container, held.resource) == ("holder", "main", GPU)
     assert len(held.device_ids) == 2
     assert tuple(sorted(held.device_ids)) in {tuple(sorted(a.device_ids)) for a in plugin.allocations}
-    assert pod_resources.allocatable_devices()[GPU] == frozenset(plugin.health())
-    assert held_but_not_allocatable(pod_resources.held_devices(), pod_resources.allocatable_devices()) == []
+    assert pod_resources.allocatable()[GPU] == frozenset(plugin.health())
+    assert holdings.loss(pod_resources.held(), pod_resources.allocatable()).lost == ()
 
     failed = min(held.device_ids)
     plugin.set_health(failed, UNHEALTHY)
+    socket = node.pod_resources_socket
     node.wait_for(
-        lambda: failed not in pod_resources.allocatable_devices()[GPU], what="device leaves allocatable"
+        lambda: failed not in decode_allocatable(raw_answer(socket, "GetAllocatableResources"))[GPU],
+        what="device leaves allocatable",
     )
 
-    assert pod_resources.allocatable_devices()[GPU] == frozenset(plugin.health()) - {failed}
-    assert held_but_not_allocatable(pod_resources.held_devices(), pod_resources.allocatable_devices()) == [
-        HeldDevices(namespace, "holder", "main", GPU, frozenset({failed}))
-    ]
+    listed, offered = raw_answer(socket, "List"), raw_answer(socket, "GetAllocatableResources")
+    assert decode_allocatable(offered)[GPU] == frozenset(plugin.health()) - {failed}
+    assert holdings.loss(decode_list(listed), decode_allocatable(offered)).lost == (
+        Holding(namespace, "holder", "main", GPU, frozenset({failed})),
+    )
+    # The field-by-field reading gives what the kubelet's generated code gives, on its real answers.
+    assert set(decode_list(listed)) == reference_holdings(cluster.apis, listed)
+    assert decode_allocatable(offered) == reference_allocatable(cluster.apis, offered)
 
     plugin.set_health(failed, HEALTHY)
-    node.wait_for(lambda: failed in pod_resources.allocatable_devices()[GPU], what="device allocatable again")
+    node.wait_for(
+        lambda: failed in decode_allocatable(raw_answer(socket, "GetAllocatableResources"))[GPU],
+        what="device allocatable again",
+    )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -202,8 +201,6 @@ class NodeAgent:
 
 
 def run(options: Options) -> int:
-    import uvicorn  # the probes' server, only to run
-
     stop = threading.Event()
     api = api_client(options.kubeconfig)
     registry = Registry()
@@ -230,20 +227,8 @@ def run(options: Options) -> int:
     )
     checks.add_readiness_check("pods", pods.has_synced)
     checks.add_readiness_check("podresources", lambda: agent.observation.ok)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            probes.create_app(checks),
-            host=options.host,
-            port=options.port,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-        )
-    )
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    serving = threading.Thread(target=server.run, name="probes", daemon=True)
-    serving.start()
+    server = probes.ProbeServer(checks, options.host, options.port, stop)
+    server.start()
     events.start()
     pods.start()
     polling = threading.Thread(target=agent.run, name="poll", daemon=True)
@@ -251,6 +236,5 @@ def run(options: Options) -> int:
     stop.wait()
     polling.join(timeout=options.interval + 5)
     client.close()
-    server.should_exit = True
-    serving.join(timeout=5)
+    server.shutdown()
     return 0

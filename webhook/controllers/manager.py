@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import signal
 import socket
 import threading
 import uuid
@@ -318,29 +317,14 @@ class ControllerManager:
 
 
 def run(options: Options, leader_runnables: Sequence[RunnableFactory] = ()) -> int:
-    import uvicorn  # the probes' server, only to run
-
     stop = threading.Event()
     manager = ControllerManager(options, stop, leader_runnables)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            probes.create_app(manager.probes),
-            host=options.host,
-            port=options.port,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-        )
-    )
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    serving = threading.Thread(target=server.run, name="probes", daemon=True)
-    serving.start()
+    server = probes.ProbeServer(manager.probes, options.host, options.port, stop)
+    server.start()
     manager.start()
     stop.wait()
     manager.shutdown()
-    server.should_exit = True
-    serving.join(timeout=5)
+    server.shutdown()
     if manager.lost_lease:
         log.error("exiting: the Lease was lost and the other replica may act")
         return EXIT_LOST_LEASE
