@@ -77,7 +77,8 @@ def fast_policy(test: str, **health_overrides: Any) -> JSON:
         "budget": {"maxUnhealthy": "100%"},
         "circuitBreaker": {"maxNodes": "100%", "windowSeconds": 600},
     }
-    return {"health": _merged(section, health_overrides)}
+    # The audit's reports only where a test asks for them (they need a CRD and the audit's rights).
+    return {"health": _merged(section, health_overrides), "audit": {"reportIntervalSeconds": 0}}
 
 
 def _merged(base: JSON, override: Mapping[str, Any]) -> JSON:
@@ -415,9 +416,7 @@ def reasons(plane: ControlPlane, *, kind: str, name: str, namespace: str = "defa
 class ControllersProcess:
     """`python -m webhook controllers` with a policy file, as the controllers' ServiceAccount."""
 
-    def __init__(
-        self, workdir: Path, kubeconfig: Path, policy: JSON, *, identity: str, report_interval: float = 0
-    ) -> None:
+    def __init__(self, workdir: Path, kubeconfig: Path, policy: JSON, *, identity: str) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.identity = identity
@@ -437,8 +436,6 @@ class ControllersProcess:
             f"--policy={self.policy_path}",
             f"--identity={identity}",
             *LEASE_ARGS,
-            # The audit's reports only where a test asks for them (they need a CRD and the audit's rights).
-            f"--report-interval={report_interval:g}",
         ]
         self._process: Process | None = None
 

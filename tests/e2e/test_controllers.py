@@ -98,12 +98,8 @@ def start(cluster: ControlPlane, kubeconfig: Path, tmp_path: Path) -> Iterator[S
     breaker's state (fleet-wide) removed."""
     started: list[ControllersProcess] = []
 
-    def start_one(
-        policy: dict[str, Any], identity: str = "a", *, lead: bool = True, report_interval: float = 0
-    ) -> ControllersProcess:
-        process = ControllersProcess(
-            tmp_path / identity, kubeconfig, policy, identity=identity, report_interval=report_interval
-        )
+    def start_one(policy: dict[str, Any], identity: str = "a", *, lead: bool = True) -> ControllersProcess:
+        process = ControllersProcess(tmp_path / identity, kubeconfig, policy, identity=identity)
         started.append(process)
         process.start()
         process.wait_ready()
@@ -647,7 +643,7 @@ def test_the_leader_keeps_the_audits_policy_reports_current(
     )
     try:
         cluster.kubectl("create", "-f", "-", input=json.dumps(gpu_job("unguarded", ns)))
-        controllers = start(fast_policy(test_id), report_interval=3600)
+        controllers = start({**fast_policy(test_id), "audit": {"reportIntervalSeconds": 3600}})
 
         def report() -> dict[str, Any] | None:
             found = cluster.kubectl("get", "policyreport", "gpuguard", "-n", ns, "-o", "json", check=False)

@@ -168,3 +168,29 @@ def test_a_run_without_an_api_server_fails_and_does_not_raise(policy: Policy) ->
     loop = ReportLoop(Runs(fail=True), lambda: policy, stop=threading.Event())
     assert loop.run_once() is False
     assert loop.metrics.runs == {"error": 1}
+
+
+def test_the_policy_sets_the_interval_and_zero_turns_the_reports_off() -> None:
+    off, hourly = make_policy({"audit": {"reportIntervalSeconds": 0}}), make_policy({})
+    current = [off]
+    runs = Runs()
+    stop = threading.Event()
+    schedule = Schedule(interval=60, settle=0)
+    loop = ReportLoop(runs, lambda: current[0], stop=stop, schedule=schedule)
+    loop.start()
+    try:
+        loop.policy_changed()  # woken while off: still nothing runs
+        assert not runs.happened.acquire(timeout=0.5)
+        current[0] = hourly
+        loop.policy_changed()  # on again: a run at once, then the policy's interval
+        runs.wait()
+    finally:
+        stop.set()
+        loop.shutdown(timeout=WAIT)
+    assert runs.policies == [hourly.hash]
+    assert schedule.interval == hourly.audit.reportIntervalSeconds == 3600
+
+
+def test_a_negative_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="not negative"):
+        Schedule().every(-1)

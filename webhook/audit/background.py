@@ -8,8 +8,8 @@ change, with metrics of each run. A runnable for a long-lived process (the contr
     /metrics      -> reports.metrics.render()
     reports.shutdown()
 
-When to run is `schedule.Schedule`'s decision (pure); what a run does is the function given, for a
-cluster `scan.ClusterReports`.
+When to run is `schedule.Schedule`'s decision (pure), every `audit.reportIntervalSeconds` of the
+current policy (0: never); what a run does is the function given, for a cluster `scan.ClusterReports`.
 """
 
 from __future__ import annotations
@@ -99,7 +99,14 @@ class ReportLoop:
 
     def _loop(self) -> None:
         while not self._stopped():
+            interval = self.policy().audit.reportIntervalSeconds
+            if interval == 0:
+                # Off by policy: nothing runs until a policy change (or a stop) wakes the loop.
+                self._wake.wait()
+                self._wake.clear()
+                continue
             with self._lock:
+                self.schedule.every(interval)
                 wait = self.schedule.wait(self.monotonic())
             if wait > 0:
                 # Woken early by a policy change or a stop; either way the schedule is read again.

@@ -40,10 +40,19 @@ class Schedule:
             raise ValueError("interval, settle and retry are seconds, not negative")
         self.interval = interval
         self.settle = settle
+        self._retry = retry
         self.retry = min(retry, interval)
         self.due = 0.0
         self._regular = 0.0  # when the interval (or the retry) alone would run it
         self._changed_at: float | None = None  # the last policy change not yet audited
+
+    def every(self, interval: float) -> None:
+        """The interval from the next run on (the policy's, which may change); a run already due keeps
+        its time (a policy change brings one within `settle` anyway)."""
+        if interval < 0:
+            raise ValueError("an interval is seconds, not negative")
+        self.interval = interval
+        self.retry = min(self._retry, interval)
 
     def ran(self, started: float, finished: float, *, ok: bool = True) -> None:
         """A run that began at `started` ended at `finished`; `ok` False: it failed."""

@@ -53,17 +53,11 @@ def run_controllers(args: argparse.Namespace) -> int:
             if value is not None
         },
     )
-    if args.report_interval == 0:
-        return manager.run(options)
-    from webhook.audit.background import ReportLoop  # the audit only when its reports are kept
-    from webhook.audit.schedule import Schedule
+    from webhook.audit.background import ReportLoop  # the audit's report loop, on the leader
 
     def reports(api: ApiClient, policy: Callable[[], Policy], stop: threading.Event) -> ReportLoop:
-        # The audit's PolicyReports kept current on the leader (README, "Audit"): hourly by default,
-        # and soon after each policy change.
-        return ReportLoop.for_cluster(
-            api, policy, stop=stop, schedule=Schedule(interval=args.report_interval)
-        )
+        # The audit's PolicyReports kept current (README, "Audit"), every audit.reportIntervalSeconds.
+        return ReportLoop.for_cluster(api, policy, stop=stop)
 
     return manager.run(options, [reports])
 
@@ -99,11 +93,4 @@ def register(commands: output.Commands) -> None:
         ("--retry-period", "how often the Lease is renewed or tried (default: 2)"),
     ):
         parser.add_argument(flag, type=float, metavar="SECONDS", help=meaning)
-    parser.add_argument(
-        "--report-interval",
-        type=inputs.seconds,
-        default=3600.0,
-        metavar="SECONDS",
-        help="how often the leader writes the audit's PolicyReports (and soon after each policy change); 0: never",
-    )
     parser.set_defaults(run=run_controllers)

@@ -513,6 +513,12 @@ class Health(_Model):
         return next((labels[key] for key in self.poolLabels if key in labels), "")
 
 
+class Audit(_Model):
+    # How often the controllers' leader rewrites the audit's PolicyReports (and soon after a policy
+    # change); 0: never.
+    reportIntervalSeconds: WaitSeconds
+
+
 class Policy(_Model):
     enabled: bool
     mode: ModeField
@@ -523,6 +529,7 @@ class Policy(_Model):
     )
     namespaces: list[NamespaceOverride] = Field(max_length=MAX_NAMESPACE_ENTRIES)
     health: Health
+    audit: Audit
     _hash: str = PrivateAttr(default="")
 
     @property
