@@ -103,6 +103,7 @@ def raw_pod(
     exit_codes: Sequence[int] = (),
     waiting: str | None = None,
     deleting: bool = False,
+    disrupted: bool = False,
     claims: Sequence[str] = (),
 ) -> JSON:
     resources: JSON = {"limits": {GPU: str(gpus)}} if gpus else {"requests": {"cpu": "100m"}}
@@ -117,7 +118,12 @@ def raw_pod(
         state = {"waiting": {"reason": waiting}}
     status: JSON = {
         "phase": phase,
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]
+        + (
+            [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+            if disrupted
+            else []
+        ),
         "containerStatuses": [
             {
                 "name": "main",
@@ -584,6 +590,9 @@ def test_a_claim_device_counts_for_the_pod_that_holds_the_claim() -> None:
     [
         pytest.param(pod(devices=[("GPU-1", "Unhealthy")], phase="Failed"), id="terminal"),
         pytest.param(pod(devices=[("GPU-1", "Unhealthy")], deleting=True), id="already-deleting"),
+        # Between an eviction's DisruptionTarget condition and its deletion: evicting again would only
+        # delete the pod a second time (and count a second eviction).
+        pytest.param(pod(devices=[("GPU-1", "Unhealthy")], disrupted=True), id="already-disrupted"),
         pytest.param(pod(devices=[("GPU-1", "Unhealthy")], owner="DaemonSet"), id="daemonset"),
         pytest.param(pod(devices=[("example.com/fpga F-1", "Unhealthy")]), id="resource-not-held"),
     ],

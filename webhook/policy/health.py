@@ -1005,6 +1005,11 @@ def pod_verdict(
     podDeviceHealth.unknownForSeconds (since `unknown_since`), or its node is being drained."""
     if pod.terminal or pod.deleting or not pod.node:
         return NO_EVICTION
+    if pod.disruption_target:
+        # An eviction (ours or anyone's) adds DisruptionTarget, then deletes: a pod seen in between would
+        # be evicted, that is deleted, a second time. A condition left without a deletion is cleared by
+        # the disruption controller after two minutes, and that change brings the pod back here.
+        return PodVerdict(False, None, "already a disruption target")
     if pod.mirror or pod.owner_kind == "DaemonSet":
         return PodVerdict(False, None, "DaemonSet and static pods are never evicted: they would come back")
     if not is_accelerator_pod(pod, policy):
