@@ -405,29 +405,29 @@ class ControlPlane:
         kubelets' lease renew interval. `flags` add or override any other flag by name. Waits for
         /healthz; stopped with the control plane (or earlier through the returned Process).
         """
-        (port,) = free_ports(1)
-        all_flags = {
-            "kubeconfig": str(self.kubeconfig),
-            "bind-address": LOOPBACK,
-            "secure-port": str(port),
-            "tls-cert-file": str(self.pki.serving_cert),
-            "tls-private-key-file": str(self.pki.serving_key),
-            "leader-elect": "false",
+        own_flags = {
             "controllers": ",".join(controllers),
             "node-monitor-period": _duration(node_monitor_period),
             "node-monitor-grace-period": _duration(node_monitor_grace_period),
             "node-startup-grace-period": _duration(node_startup_grace_period),
             "service-account-private-key-file": str(self.pki.sa_private),
             "root-ca-file": str(self.pki.ca),
-            "profiling": "false",
             **(flags or {}),
         }
-        argv: list[str | Path] = [self.bin_dir / "kube-controller-manager", *_as_args(all_flags)]
-        return self._start_component(argv, self.controller_manager_log, port, "/healthz", timeout)
+        return self._start_component(
+            "kube-controller-manager", self.controller_manager_log, "/healthz", timeout, own_flags
+        )
 
     def start_scheduler(self, *, flags: Mapping[str, str] | None = None, timeout: float = 60.0) -> Process:
         """The real kube-scheduler with the admin's credentials and its default profile. Waits for
         /readyz; stopped with the control plane (or earlier through the returned Process)."""
+        return self._start_component("kube-scheduler", self.scheduler_log, "/readyz", timeout, flags or {})
+
+    def _start_component(
+        self, binary: str, log_path: Path, health_path: str, timeout: float, flags: Mapping[str, str]
+    ) -> Process:
+        """`binary` on a free loopback port with the control plane's serving certificate, alone (no
+        leader election, no profiling); `flags` add to those or override them. Waits for `health_path`."""
         (port,) = free_ports(1)
         all_flags = {
             "kubeconfig": str(self.kubeconfig),
@@ -437,21 +437,15 @@ class ControlPlane:
             "tls-private-key-file": str(self.pki.serving_key),
             "leader-elect": "false",
             "profiling": "false",
-            **(flags or {}),
+            **flags,
         }
-        argv: list[str | Path] = [self.bin_dir / "kube-scheduler", *_as_args(all_flags)]
-        return self._start_component(argv, self.scheduler_log, port, "/readyz", timeout)
-
-    def _start_component(
-        self, argv: Sequence[str | Path], log_path: Path, port: int, health_path: str, timeout: float
-    ) -> Process:
-        process = self._spawn(argv, log_path)
+        process = self._spawn([self.bin_dir / binary, *_as_args(all_flags)], log_path)
         context = self.pki.verify_context()  # health paths are open to anonymous requests by default
         try:
             wait_until(
                 lambda: http_get(port, health_path, context)[0] == 200,
                 timeout=timeout,
-                what=f"{Path(argv[0]).name} {health_path}",
+                what=f"{binary} {health_path}",
                 process=process,
             )
         except BaseException:

@@ -15,6 +15,7 @@ from webhook_harness import (
     API_SERVER_DEFAULT_SECONDS,
     READINESS_KEYS,
     WebhookProcess,
+    device_plugin_daemonset,
     gpu_job,
     gpu_pod,
     gpuguard_annotations,
@@ -120,35 +121,10 @@ def test_pod_pinned_to_gpu_nodes_is_admitted(
         assert warnings == []
 
 
-def untrusted_device_plugin(name: str, namespace: str) -> dict[str, Any]:
-    path = "/var/lib/kubelet/device-plugins"
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "plugin",
-                            "image": "quay.io/example/device-plugin:v1",
-                            "volumeMounts": [{"name": "dp", "mountPath": path}],
-                        }
-                    ],
-                    "volumes": [{"name": "dp", "hostPath": {"path": path}}],
-                },
-            },
-        },
-    }
-
-
 def test_untrusted_device_software_is_admitted_and_recorded(
     control_plane: ControlPlane, gpuguard: WebhookProcess, namespace: str, mode: str
 ) -> None:
-    manifest = untrusted_device_plugin("plugin", namespace)
+    manifest = device_plugin_daemonset("plugin", namespace, "quay.io/example/device-plugin:v1")
     before = gpuguard_decisions(gpuguard, rule="trustedDeviceSoftware", mode=mode, outcome="would-deny")
 
     result = submit(control_plane, "apply", manifest)

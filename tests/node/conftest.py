@@ -33,7 +33,7 @@ from webhook_harness import (
     wait_until_called,
 )
 
-from .device_plugin import FakeDevicePlugin
+from .device_plugin import HEALTHY, FakeDevicePlugin
 from .images import build_images
 from .kubelet_api import KubeletApis, compile_apis
 from .node import Node, NodeBinaries, host_state, node_tier_unavailable, reclaim_leftovers
@@ -217,6 +217,16 @@ def host_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tup
 
 def all_devices_allocatable(node: Node) -> bool:
     return allocatable(node.node(), GPU) == DEVICES_PER_NODE
+
+
+def restore_health(cluster: NodeCluster, name: str) -> None:
+    """Every device of node `name` healthy again, and its allocatable back to all of them."""
+    plugin, node = cluster.plugins[name], cluster.nodes[name]
+    for device in plugin.health():
+        plugin.set_health(device, HEALTHY)
+    node.wait_for(
+        functools.partial(all_devices_allocatable, node), what=f"every GPU of {name} allocatable again"
+    )
 
 
 @pytest.fixture

@@ -47,8 +47,8 @@ from webhook_harness import REPO_ROOT, gpu_job, gpu_pod, metric_samples, submit
 
 from webhook.policy import health, holdings
 
-from .conftest import GRACE_SECONDS, PRE_STOP_SECONDS, NodeCluster
-from .device_plugin import HEALTHY, UNHEALTHY
+from .conftest import GRACE_SECONDS, PRE_STOP_SECONDS, NodeCluster, restore_health
+from .device_plugin import UNHEALTHY
 from .test_graceful_termination import HOLD, TERM_RECORDER, uptime
 from .workloads import (
     GPU,
@@ -170,17 +170,9 @@ def responders(cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -
 def healthy_again(cluster: NodeCluster, responders: Responders) -> Iterator[None]:
     """After the test: every device healthy, and gpuguard's taint gone again (the controllers undo it)."""
     yield
-    for plugin in cluster.plugins.values():
-        for device in plugin.health():
-            plugin.set_health(device, HEALTHY)
     for name in cluster.nodes:
-        gpus_back(cluster, name)
+        restore_health(cluster, name)
         untainted(cluster, responders, name)
-
-
-def gpus_back(cluster: NodeCluster, name: str) -> None:
-    node, plugin = cluster.nodes[name], cluster.plugins[name]
-    node.wait_for(lambda: allocatable(node.node(), GPU) == len(plugin.health()), what="every GPU allocatable")
 
 
 def untainted(cluster: NodeCluster, responders: Responders, name: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from webhook_harness import gpu_pod, submit
 
-from .conftest import DEVICES_PER_NODE, NodeCluster
+from .conftest import DEVICES_PER_NODE, NodeCluster, restore_health
 from .device_plugin import HEALTHY, UNHEALTHY, FakeDevicePlugin
 from .workloads import GPU, allocatable, capacity, get_pod, on_node, running, wait_for_pod
 
@@ -31,15 +31,9 @@ def device_health(pod: dict[str, Any] | None) -> dict[str, str]:
 
 @pytest.fixture
 def plugin(cluster: NodeCluster) -> Iterator[FakeDevicePlugin]:
-    """NODE's plugin; every device healthy again afterwards, and allocatable back to all of them."""
-    plugin = cluster.plugins[NODE]
-    yield plugin
-    for device in plugin.health():
-        plugin.set_health(device, HEALTHY)
-    node = cluster.nodes[NODE]
-    node.wait_for(
-        lambda: allocatable(node.node(), GPU) == DEVICES_PER_NODE, what="all GPUs allocatable again"
-    )
+    """NODE's plugin; every device healthy again afterwards."""
+    yield cluster.plugins[NODE]
+    restore_health(cluster, NODE)
 
 
 def test_unhealthy_device_lowers_allocatable_and_marks_the_pod_holding_it(

@@ -19,11 +19,11 @@ from webhook.agent.podresources import PodResourcesClient, decode_allocatable, d
 from webhook.policy import holdings
 from webhook.policy.holdings import Holding
 
-from .conftest import DEVICES_PER_NODE, NodeCluster
+from .conftest import NodeCluster, restore_health
 from .device_plugin import HEALTHY, UNHEALTHY, FakeDevicePlugin
 from .kubelet_api import POD_RESOURCES_SERVICE, KubeletApis
 from .test_device_health import LONG_RUNNING
-from .workloads import GPU, allocatable, on_node, running, wait_for_pod
+from .workloads import GPU, on_node, running, wait_for_pod
 
 NODE = "node-b"
 
@@ -71,14 +71,9 @@ def reference_allocatable(apis: KubeletApis, raw: bytes) -> dict[str, frozenset[
 
 @pytest.fixture
 def plugin(cluster: NodeCluster) -> Iterator[FakeDevicePlugin]:
-    plugin = cluster.plugins[NODE]
-    yield plugin
-    for device in plugin.health():
-        plugin.set_health(device, HEALTHY)
-    node = cluster.nodes[NODE]
-    node.wait_for(
-        lambda: allocatable(node.node(), GPU) == DEVICES_PER_NODE, what="all GPUs allocatable again"
-    )
+    """NODE's plugin; every device healthy again afterwards."""
+    yield cluster.plugins[NODE]
+    restore_health(cluster, NODE)
 
 
 @pytest.fixture
