@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from bench import payloads
+from bench import FLOOR_MISSED, payloads
 from bench.bench import WRK_SCRIPT, Load, Server, _free_port, rss_mb, wrk
 from webhook.policy.model import default_policy
 
@@ -431,7 +431,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
     began = time.monotonic()
     results = Results(compare=args.compare or "")
     work = Path(tempfile.mkdtemp(prefix="gpuguard-fleet-"))
-    plane = ControlPlane.start(Path(args.k8s_bin), work / "controlplane")
+    plane = ControlPlane.start(Path(args.k8s_bin).resolve(), work / "controlplane")
     server: Server | None = None
     try:
         api = Api(plane)
@@ -623,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say: Callable[[str], None] = lambda text: print(f"fleet: {text}", file=sys.stderr, flush=True)  # noqa: E731
     results = run(args, say)
     print(report(results))
-    return 0 if all(met for _, _, met in floors(results)) else 1
+    return 0 if all(met for _, _, met in floors(results)) else FLOOR_MISSED
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import sys
 from controlplane import ControlPlane, without_proxies
 from webhook_harness import REPO_ROOT
 
+from bench import FLOOR_MISSED
+
 
 def test_fleet_bench_runs_every_step(control_plane: ControlPlane) -> None:
     argv = [
@@ -21,7 +23,8 @@ def test_fleet_bench_runs_every_step(control_plane: ControlPlane) -> None:
         argv, cwd=REPO_ROOT, env=without_proxies(), capture_output=True, text=True, timeout=300
     )
 
-    assert result.returncode in (0, 1), result.stderr[-3000:]  # 1: a floor missed, on a busy machine
+    # FLOOR_MISSED: a floor missed, on a busy machine; anything else is a failed run.
+    assert result.returncode in (0, FLOOR_MISSED), result.stderr[-3000:]
     report = result.stdout
     assert "| 60 | this build |" in report, report
     assert "A node relabelled as an accelerator node is seen by admission" in report, report
