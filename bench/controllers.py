@@ -31,6 +31,7 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "e2e"))
 
+from controllers_harness import PLUGIN_NAMESPACE, device_plugin_pod  # noqa: E402
 from controlplane import LOOPBACK, ControlPlane, free_ports, http_get, spawn, without_proxies  # noqa: E402
 
 from bench import FLOOR_MISSED  # noqa: E402
@@ -39,7 +40,6 @@ from webhook.policy import health  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 NAMESPACE = "bench"
-PLUGIN_NAMESPACE = "gpu-operator"
 FLOOR_SYNC_S = 30.0
 FLOOR_RSS_MB = 300.0
 FLOOR_REACTION_P99_S = 2.0
@@ -90,30 +90,7 @@ def pods(node_count: int, per_node: int) -> Iterator[tuple[str, JSON]]:
     """Per node: its device plugin (a DaemonSet's pod) and `per_node - 1` GPU workers, bound."""
     for index in range(node_count):
         node = f"gpu-{index:05d}"
-        yield (
-            PLUGIN_NAMESPACE,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"nvidia-device-plugin-{node}",
-                    "labels": {"app": "nvidia-device-plugin-daemonset"},
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "apps/v1",
-                            "kind": "DaemonSet",
-                            "name": "nvidia-device-plugin-daemonset",
-                            "uid": "00000000-0000-0000-0000-000000000001",
-                            "controller": True,
-                        }
-                    ],
-                },
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{"name": "plugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}],
-                },
-            },
-        )
+        yield PLUGIN_NAMESPACE, device_plugin_pod(node, "nvcr.io/nvidia/k8s-device-plugin:v0.17.0")
         for worker in range(per_node - 1):
             yield (
                 NAMESPACE,

@@ -51,6 +51,32 @@ POOL_LABEL = "karpenter.sh/nodepool"
 PLUGIN_LABELS = {"app": "nvidia-device-plugin-daemonset"}
 PLUGIN_NAMESPACE = "gpu-operator"
 IMAGE = "registry.k8s.io/pause:3.10"
+
+
+def device_plugin_pod(node: str, image: str) -> dict[str, Any]:
+    """The device plugin's pod on `node`, in PLUGIN_NAMESPACE, as its DaemonSet's controller would create it
+    (the owner is never looked up: no garbage collector runs to notice that it is absent)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"nvidia-device-plugin-{node}",
+            "namespace": PLUGIN_NAMESPACE,
+            "labels": PLUGIN_LABELS,
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "name": "nvidia-device-plugin-daemonset",
+                    "uid": "00000000-0000-0000-0000-000000000001",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "plugin", "image": image}]},
+    }
+
+
 # Short lease timings, so that a failover fits a test; the defaults are 15/10/2 s.
 LEASE_ARGS = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1")
 LEASE_SECONDS = 4.0
@@ -208,27 +234,8 @@ class Kubelet:
         )
 
     def device_plugin(self, node: str, *, ready: bool = True, started_seconds_ago: float = 3600) -> str:
-        name = f"nvidia-device-plugin-{node}"
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": PLUGIN_NAMESPACE,
-                "labels": PLUGIN_LABELS,
-                # As the DaemonSet controller would own it (no garbage collector runs to notice it is absent).
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "DaemonSet",
-                        "name": "nvidia-device-plugin-daemonset",
-                        "uid": "00000000-0000-0000-0000-000000000001",
-                        "controller": True,
-                    }
-                ],
-            },
-            "spec": {"nodeName": node, "containers": [{"name": "plugin", "image": IMAGE}]},
-        }
+        pod = device_plugin_pod(node, IMAGE)
+        name: str = pod["metadata"]["name"]
         self.plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
         self.running(PLUGIN_NAMESPACE, name, ready=ready, started_seconds_ago=started_seconds_ago)
         return name
