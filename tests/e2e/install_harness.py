@@ -13,7 +13,8 @@ import socket
 import ssl
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ SECRET = "gpuguard-tls"
 POLICY_CONFIGMAP = "gpuguard-policy"
 CONFIGURATION = "gpuguard"  # both webhook configurations
 CONFIGURATION_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+CONTROLLERS = "gpuguard-controllers"  # their ServiceAccount, ClusterRole and ClusterRoleBinding
 ENDPOINTS = {"mutatingwebhookconfiguration": "/mutate", "validatingwebhookconfiguration": "/validate"}
 
 
@@ -60,6 +62,36 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
 def namespaces_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
     """The Namespaces among `objects`, as one List to apply before a server-side dry run of the rest."""
     return {"apiVersion": "v1", "kind": "List", "items": [o for o in objects if o["kind"] == "Namespace"]}
+
+
+@contextmanager
+def deployed(
+    plane: ControlPlane, directory: Path, rendered: list[dict[str, Any]], namespace: str
+) -> Iterator[str]:
+    """The kustomization at `directory` (deploy/ or a copy), whose objects are `rendered`, applied for real
+    after a server-side dry run; yields the dry run's output. On exit it removes what would reach into
+    the rest of the suite: the webhook configurations first (they may point at replicas already
+    stopped), the cluster-wide RBAC, and `namespace` (which never finishes deleting here, with no
+    garbage collector). PriorityClasses stay: the rest of the suite uses gpu-workload."""
+    # A dry run creates nothing, not even the namespace the other objects need: create that first.
+    plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
+    try:
+        dry_run = plane.kubectl("apply", "-k", str(directory), "--dry-run=server")
+        plane.kubectl("apply", "-k", str(directory))
+        yield dry_run.stdout + dry_run.stderr
+    finally:
+        plane.kubectl(
+            "delete", ",".join(CONFIGURATION_KINDS), CONFIGURATION, "--ignore-not-found", check=False
+        )
+        plane.kubectl(
+            "delete",
+            "clusterrolebinding,clusterrole",
+            "gpuguard",
+            CONTROLLERS,
+            "--ignore-not-found",
+            check=False,
+        )
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def service_account_kubeconfig(

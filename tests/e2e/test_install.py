@@ -25,6 +25,7 @@ from controlplane import ControlPlane, wait_until
 from install_harness import (
     CONFIGURATION,
     CONFIGURATION_KINDS,
+    CONTROLLERS,
     DEPLOY,
     ENDPOINTS,
     NAMESPACE,
@@ -33,8 +34,8 @@ from install_harness import (
     SERVICE_ACCOUNT,
     Replica,
     ca_bundles,
+    deployed,
     find,
-    namespaces_of,
     read_secret,
     render,
     route_to,
@@ -52,7 +53,6 @@ from webhook.certs import files, tls
 from webhook.cli import controllers as cli_controllers
 
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
-CONTROLLERS = "gpuguard-controllers"
 # Short, so a whole rotation fits in a test; the API server still needs far less than this to pick up a
 # patched caBundle (its informer), and the replicas a changed Secret (their watch).
 ROTATION_DELAY = 3.0
@@ -260,27 +260,8 @@ def test_image_installs_the_pinned_runtime_dependencies_as_non_root() -> None:
 @pytest.fixture(scope="module")
 def installed(control_plane: ControlPlane, rendered: list[dict[str, Any]]) -> Iterator[str]:
     """deploy/ applied for real; yields the output of the server-side dry run that preceded it."""
-    # A dry run creates nothing, not even the namespace the other objects need: create that first.
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
-    try:
-        dry_run = control_plane.kubectl("apply", "-k", str(DEPLOY), "--dry-run=server")
-        control_plane.kubectl("apply", "-k", str(DEPLOY))
-        yield dry_run.stdout + dry_run.stderr
-    finally:
-        # The webhook configurations first: they may point at replicas already stopped. PriorityClasses
-        # stay (the rest of the suite uses gpu-workload); the namespace never finishes deleting here.
-        control_plane.kubectl(
-            "delete", ",".join(CONFIGURATION_KINDS), CONFIGURATION, "--ignore-not-found", check=False
-        )
-        control_plane.kubectl(
-            "delete",
-            "clusterrolebinding,clusterrole",
-            "gpuguard",
-            CONTROLLERS,
-            "--ignore-not-found",
-            check=False,
-        )
-        control_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    with deployed(control_plane, DEPLOY, rendered, NAMESPACE) as dry_run:
+        yield dry_run
 
 
 def test_dry_run_on_the_api_server_accepts_every_object(

@@ -25,6 +25,7 @@ from install_harness import (
     NAMESPACE,
     Replica,
     ca_bundles,
+    deployed,
     find,
     namespaces_of,
     read_secret,
@@ -121,24 +122,8 @@ def test_the_default_namespace_renders_as_before(control_plane: ControlPlane) ->
 @pytest.fixture(scope="module")
 def installed_elsewhere(control_plane: ControlPlane, moved_deploy: Path) -> Iterator[list[dict[str, Any]]]:
     rendered = render(control_plane, moved_deploy)
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
-    try:
-        control_plane.kubectl("apply", "-k", str(moved_deploy), "--dry-run=server")
-        control_plane.kubectl("apply", "-k", str(moved_deploy))
+    with deployed(control_plane, moved_deploy, rendered, ELSEWHERE):
         yield rendered
-    finally:
-        control_plane.kubectl(
-            "delete", ",".join(CONFIGURATION_KINDS), CONFIGURATION, "--ignore-not-found", check=False
-        )
-        control_plane.kubectl(
-            "delete",
-            "clusterrolebinding,clusterrole",
-            "gpuguard",
-            "gpuguard-controllers",
-            "--ignore-not-found",
-            check=False,
-        )
-        control_plane.kubectl("delete", "namespace", ELSEWHERE, "--wait=false", check=False)
 
 
 def test_a_replica_in_the_other_namespace_has_every_right_it_needs(
