@@ -71,8 +71,9 @@ def deployed(
     """The kustomization at `directory` (deploy/ or a copy), whose objects are `rendered`, applied for real
     after a server-side dry run; yields the dry run's output. On exit it removes what would reach into
     the rest of the suite: the webhook configurations first (they may point at replicas already
-    stopped), the cluster-wide RBAC, and `namespace` (which never finishes deleting here, with no
-    garbage collector). PriorityClasses stay: the rest of the suite uses gpu-workload."""
+    stopped), the webhook's and the controllers' cluster roles and bindings, and `namespace` (which
+    never finishes deleting here, with no garbage collector). PriorityClasses stay: the rest of the
+    suite uses gpu-workload."""
     # A dry run creates nothing, not even the namespace the other objects need: create that first.
     plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
     try:
