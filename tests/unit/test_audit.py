@@ -155,17 +155,12 @@ def test_the_audit_agrees_with_admission_on_every_example_and_corpus_manifest(
     # /mutate applies, and the rules it reports as denials are the ones /validate refuses the mutated
     # object for (the device-software check on DaemonSets and the driver check included). kube-system
     # is exempt from every rule but trustedDeviceSoftware.
+    # The policy-test cases' manifests count too; their folders also hold test definitions and policies
+    # (no apiVersion) and cluster facts (a List), which are no workloads. Without the corpus: eight.
+    examples = [*sorted(EXAMPLES.glob("*.yaml")), *sorted(EXAMPLES.glob("tests/*/*.yaml"))]
     documents = [
         doc
-        for path in [*sorted(EXAMPLES.glob("*.yaml")), *shared_corpus.FILES]
-        for doc in yaml.safe_load_all(path.read_text())
-        if isinstance(doc, dict)
-    ]
-    # The policy-test cases' own manifests too (their folders also hold test definitions, policies and
-    # cluster facts, which are no workloads): on a clone without the corpus, eight workloads.
-    documents += [
-        doc
-        for path in sorted(EXAMPLES.glob("tests/*/*.yaml"))
+        for path in [*examples, *shared_corpus.FILES]
         for doc in yaml.safe_load_all(path.read_text())
         if isinstance(doc, dict) and "apiVersion" in doc and doc.get("kind") != "List"
     ]
