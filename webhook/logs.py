@@ -11,6 +11,11 @@ import orjson
 
 
 class JSONFormatter(logging.Formatter):
+    def __init__(self, worker: int | None = None) -> None:
+        super().__init__()
+        # Which of `gpuguard serve --workers N`'s processes wrote the line (None: it serves alone).
+        self.worker = worker
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(),
@@ -18,6 +23,8 @@ class JSONFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.worker is not None:
+            line["worker"] = self.worker
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             line.update(fields)
@@ -39,9 +46,9 @@ def _writable(value: Any) -> Any:
     return value
 
 
-def configure(level: int = logging.INFO) -> None:
+def configure(level: int = logging.INFO, *, worker: int | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JSONFormatter())
+    handler.setFormatter(JSONFormatter(worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

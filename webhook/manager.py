@@ -9,15 +9,17 @@ the Kubernetes client with cluster access, `cryptography` only to generate or ro
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from webhook import probes
+from webhook import logs, probes, workers
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
 from webhook.policy import drivers
@@ -50,6 +52,8 @@ class Options:
     # listener starts on a placeholder in the settings' cert_dir (cert_file and key_file are unused) and
     # switches to the Secret's certificate once it is read.
     certificates: certificates.Settings | None = None
+    # Processes answering on one socket (webhook.workers); 1: this process serves alone.
+    workers: int = 1
 
 
 def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threading.Event) -> None:
@@ -136,7 +140,7 @@ def _certificate_manager(
     return CertificateManager(settings, store, configurations, stop=stop)
 
 
-def _probes(state: State) -> probes.Probes:
+def _probes(state: State, worker: workers.Worker | None) -> probes.Probes:
     def status() -> dict[str, object]:
         return {
             **state.store.status().as_json(),
@@ -151,15 +155,24 @@ def _probes(state: State) -> probes.Probes:
             if nodes is None
             else drivers.summarise(nodes, state.policy.rules.driverCompatibility.nodeLabels)
         )
-        return state.metrics.render(state.store.status(), pools)
+        # With workers, every scrape adds up all of them, whichever one it reaches.
+        counters = state.metrics if worker is None else worker.merged(state.metrics)
+        return counters.render(state.store.status(), pools)
 
     return probes.Probes(detail=lambda: f"policy={state.policy.hash}", metrics=metrics, status=status)
 
 
-def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, State]:
+def build(
+    options: Options, stop: threading.Event, worker: workers.Worker | None = None
+) -> tuple[uvicorn.Server, State]:
+    """Everything one serving process runs; `worker` when it is one of several (webhook.workers)."""
     policy, source, policy_bytes = initial_policy(options.policy_file)
     state = State(PolicyStore(policy, source=source))
-    health = _probes(state)
+    health = _probes(state, worker)
+    if worker is not None:
+        if worker.inherited is not None:
+            state.metrics.add(worker.inherited)
+        health.add_readiness_check(workers.WORKERS_CHECK, worker.others_ready)
     api = None
     if options.cluster or options.policy_configmap or options.certificates:
         from webhook.kube.client import api_client  # the Kubernetes client only with cluster access
@@ -174,21 +187,27 @@ def build(options: Options, stop: threading.Event) -> tuple[uvicorn.Server, Stat
         health.add_readiness_check("policy file", watcher.thread.is_alive)
     app = AdmissionApp(state, probes.create_app(health))
     if api is None or options.certificates is None:
-        return https_server(
+        server = https_server(
             app, host=options.host, port=options.port, cert_file=options.cert_file, key_file=options.key_file
-        ), state
-    manager = _certificate_manager(api, options.certificates, stop)
-    health.add_readiness_check("certificate", manager.serving.valid)
-    placeholder = manager.prepare()
-    server = https_server(
-        app,
-        host=options.host,
-        port=options.port,
-        cert_file=placeholder.cert,
-        key_file=placeholder.key,
-        adopt_context=manager.serving.attach,
-    )
-    manager.start()
+        )
+    else:
+        manager = _certificate_manager(api, options.certificates, stop)
+        health.add_readiness_check("certificate", manager.serving.valid)
+        placeholder = manager.prepare()
+        server = https_server(
+            app,
+            host=options.host,
+            port=options.port,
+            cert_file=placeholder.cert,
+            key_file=placeholder.key,
+            adopt_context=manager.serving.attach,
+        )
+        manager.start()
+    if worker is not None:
+        # What a worker publishes is its own readiness: the others' is theirs to publish.
+        worker.publishing(
+            lambda: [name for name in health.failing() if name != workers.WORKERS_CHECK], state.metrics, stop
+        )
     return server, state
 
 
@@ -215,14 +234,44 @@ def _return_large_buffers_to_the_system() -> None:
         log.info("mallopt unavailable; large request buffers stay with the allocator")
 
 
-def serve(options: Options) -> None:
+def _serve_one(
+    options: Options, worker: workers.Worker | None = None, sockets: list[socket.socket] | None = None
+) -> None:
     # uvicorn drains requests on SIGTERM, then re-raises the signal to the handler it found: make that
     # handler a clean exit, so a normal pod stop ends with status 0 rather than "killed by SIGTERM".
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    _return_large_buffers_to_the_system()
     stop = threading.Event()
-    server, _ = build(options, stop)
+    server, _ = build(options, stop, worker)
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         stop.set()
+        if worker is not None:
+            worker.flush()
+
+
+def _worker_options(options: Options, slot: int) -> Options:
+    """A worker's options: its own directory for the Secret's certificate files, which every worker
+    writes when it adopts a certificate (one file per worker, never one written by two at once)."""
+    if options.certificates is None:
+        return options
+    cert_dir = options.certificates.cert_dir / f"worker-{slot}"
+    return dataclasses.replace(
+        options, certificates=dataclasses.replace(options.certificates, cert_dir=cert_dir)
+    )
+
+
+def serve(options: Options) -> int:
+    """Serves until SIGTERM; the exit status."""
+    _return_large_buffers_to_the_system()
+    if options.workers == 1:
+        _serve_one(options)
+        return 0
+    listener = workers.listen(options.host, options.port)
+
+    def run(worker: workers.Worker) -> int:
+        logs.configure(worker=worker.slot)
+        _serve_one(_worker_options(options, worker.slot), worker, [listener])
+        return 0
+
+    return workers.Supervisor(options.workers, run).run()

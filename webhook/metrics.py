@@ -5,7 +5,8 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from webhook.policy.drivers import PoolDrivers
 from webhook.policy.engine import Decision
@@ -56,6 +57,33 @@ class Metrics:
         self.latency.setdefault(endpoint, Histogram()).observe(seconds)
         for decision in decisions:
             self.decisions[(decision.rule, decision.mode, decision.outcome)] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as JSON-ready data, for the other workers of one server (webhook.workers).
+
+        Each part is copied in one step (a dict copy does not release the GIL), so a snapshot taken
+        while the event loop counts is consistent per series.
+        """
+        latency = dict(self.latency)
+        return {
+            "requests": [[*key, count] for key, count in dict(self.requests).items()],
+            "decisions": [[*key, count] for key, count in dict(self.decisions).items()],
+            "latency": {
+                endpoint: {"counts": list(histogram.counts), "total": histogram.total}
+                for endpoint, histogram in latency.items()
+            },
+        }
+
+    def add(self, snapshot: Mapping[str, Any]) -> None:
+        """Adds another worker's snapshot (or this slot's earlier worker's) to these counters."""
+        for endpoint, result, count in snapshot["requests"]:
+            self.requests[(endpoint, result)] += count
+        for rule, mode, outcome, count in snapshot["decisions"]:
+            self.decisions[(rule, mode, outcome)] += count
+        for endpoint, histogram in snapshot["latency"].items():
+            mine = self.latency.setdefault(endpoint, Histogram())
+            mine.counts = [a + b for a, b in zip(mine.counts, histogram["counts"], strict=True)]
+            mine.total += histogram["total"]
 
     def render(self, policy: PolicyStatus, driver_pools: Sequence[PoolDrivers] | None = None) -> str:
         """The exposition; `driver_pools` (from the node cache, None without one) adds the driver gauges."""

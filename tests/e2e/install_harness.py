@@ -172,8 +172,10 @@ class Replica:
         webhook_config: str | None = CONFIGURATION,
         rotation_delay: float = 300.0,
         namespace: str = NAMESPACE,
+        workers: int = 1,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
+        self.workers = workers
         (self.port,) = free_ports(1)
         self.log_path = workdir / "gpuguard.log"
         self.argv = [
@@ -190,6 +192,7 @@ class Replica:
             f"--policy-configmap={namespace}/{POLICY_CONFIGMAP}",
             "--cluster-lookups=on",
             f"--rotation-delay={rotation_delay}",
+            f"--workers={workers}",
         ]
         if webhook_config is not None:
             self.argv.append(f"--webhook-config={webhook_config}")
@@ -230,6 +233,12 @@ class Replica:
             der = conn.getpeercert(binary_form=True)
         assert der is not None
         return x509.load_der_x509_certificate(der)
+
+    def served_certificates(self) -> set[x509.Certificate]:
+        """What new handshakes get, over enough connections to reach every worker of the replica (the
+        kernel hands each to whichever worker accepts first: 8 per worker miss one with odds 2**-8)."""
+        samples = 1 if self.workers == 1 else 8 * self.workers
+        return {self.served_certificate() for _ in range(samples)}
 
     def admissions(self, endpoint: str) -> float:
         """gpuguard_admission_requests_total for /mutate or /validate: calls this replica answered."""

@@ -133,6 +133,8 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
     assert args.tls_secret == (NAMESPACE, SECRET)
     assert args.webhook_config == CONFIGURATION
     assert args.policy_configmap == f"{NAMESPACE}/{POLICY_CONFIGMAP}"
+    # Workers follow the CPU limit, so a bigger limit is all it takes to use the cores it grants.
+    assert args.workers == "auto"
     # The only place gpuguard writes is the in-memory emptyDir holding the serving files.
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -550,7 +552,11 @@ def replicas(
     """Two replicas, started together so that both find no Secret and race to create it."""
     work = tmp_path_factory.mktemp("install")
     kubeconfig = service_account_kubeconfig(control_plane, work / "sa.kubeconfig")
-    pair = tuple(Replica(work / name, kubeconfig, rotation_delay=ROTATION_DELAY) for name in ("a", "b"))
+    # b runs two workers: each adopts, serves and rotates the shared certificate like a replica of its own.
+    pair = tuple(
+        Replica(work / name, kubeconfig, rotation_delay=ROTATION_DELAY, workers=workers)
+        for name, workers in (("a", 1), ("b", 2))
+    )
     assert not secret_exists(control_plane)
     try:
         for replica in pair:
@@ -571,7 +577,7 @@ def test_replicas_bootstrap_one_shared_certificate(
     assert material.phase == "steady"
     assert len(material.cas) == 1
     for replica in replicas:
-        assert replica.served_certificate() == material.leaf, replica.log()
+        assert replica.served_certificates() == {material.leaf}, replica.log()
     logs = "".join(replica.log_path.read_text() for replica in replicas)
     assert logs.count("certificates: create") == 1
     assert tls.covers(material.leaf, files.dns_names_for_service("gpuguard", NAMESPACE))
@@ -804,7 +810,10 @@ def test_forced_rotation_under_a_steady_stream_loses_no_request(
             timeout=patience,
         )
         wait_for(
-            lambda: reached("serving", all(tls.signed_by(r.served_certificate(), new_ca) for r in replicas)),
+            lambda: reached(
+                "serving",
+                all(tls.signed_by(cert, new_ca) for r in replicas for cert in r.served_certificates()),
+            ),
             replicas=replicas,
             what="every replica serving a certificate from the new CA",
             timeout=patience,
@@ -854,7 +863,7 @@ def test_a_deleted_secret_is_recreated_and_trusted_again(
         return (
             material.newest_ca != old.newest_ca
             and all(bundle == material.cas for bundle in ca_bundles(control_plane).values())
-            and all(replica.served_certificate() == material.leaf for replica in replicas)
+            and all(replica.served_certificates() == {material.leaf} for replica in replicas)
         )
 
     wait_for(recreated, what="a new Secret, trusted and served", replicas=replicas)

@@ -65,8 +65,9 @@ class Server:
             self.process.wait(timeout=STOP_SECONDS)
 
 
-def start_server(workdir: Path) -> Server:
-    """Starts gpuguard and returns once GET /readyz answers 200 over TLS (bounded by STARTUP_SECONDS)."""
+def start_server(workdir: Path, *flags: str) -> Server:
+    """Starts gpuguard (with `flags` after the listener's) and returns once GET /readyz answers 200 over
+    TLS (bounded by STARTUP_SECONDS)."""
     cert_dir = workdir / "certs"
     port = _free_port()
     log = workdir / "gpuguard.log"
@@ -78,7 +79,11 @@ def start_server(workdir: Path) -> Server:
     argv = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port)]
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [*argv, "--cert-dir", str(cert_dir)], stdout=sink, stderr=subprocess.STDOUT, cwd=workdir, env=env
+            [*argv, "--cert-dir", str(cert_dir), *flags],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=env,
         )
     server = Server(process, f"https://127.0.0.1:{port}", cert_dir, log)
     deadline = time.monotonic() + STARTUP_SECONDS
@@ -176,7 +181,7 @@ def test_health_and_readiness(client: httpx.Client, policy: Policy) -> None:
     assert (ready.status_code, ready.text) == (200, f"ok policy={policy.hash}")
 
 
-def _sample(metrics: str, name: str, **labels: str) -> float:
+def metric_sample(metrics: str, name: str, **labels: str) -> float:
     """The value of one Prometheus sample; 0 when the series does not exist yet."""
     rendered = ",".join(f'{key}="{value}"' for key, value in labels.items())
     match = re.search(rf"^{re.escape(name)}\{{{re.escape(rendered)}\}} (\S+)$", metrics, re.MULTILINE)
@@ -185,19 +190,21 @@ def _sample(metrics: str, name: str, **labels: str) -> float:
 
 def test_metrics_count_decisions_but_not_dry_runs(client: httpx.Client) -> None:
     applied = {"rule": "priority", "mode": "enforce", "outcome": "applied"}
-    before = _sample(client.get("/metrics").text, "gpuguard_decisions_total", **applied)
+    before = metric_sample(client.get("/metrics").text, "gpuguard_decisions_total", **applied)
 
     assert (
         client.post("/mutate", content=admission_review(defaulted_gpu_pod(), dry_run=True)).status_code == 200
     )
     after_dry_run = client.get("/metrics")
     assert after_dry_run.headers["content-type"].startswith("text/plain")
-    assert _sample(after_dry_run.text, "gpuguard_decisions_total", **applied) == before
+    assert metric_sample(after_dry_run.text, "gpuguard_decisions_total", **applied) == before
 
     assert client.post("/mutate", content=admission_review(defaulted_gpu_pod())).status_code == 200
     text = client.get("/metrics").text
-    assert _sample(text, "gpuguard_decisions_total", **applied) == before + 1
-    assert _sample(text, "gpuguard_admission_duration_seconds_bucket", endpoint="mutate", le="+Inf") >= 2
+    assert metric_sample(text, "gpuguard_decisions_total", **applied) == before + 1
+    assert (
+        metric_sample(text, "gpuguard_admission_duration_seconds_bucket", endpoint="mutate", le="+Inf") >= 2
+    )
     assert "# TYPE gpuguard_admission_duration_seconds histogram" in text
 
 

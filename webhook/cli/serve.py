@@ -22,6 +22,8 @@ from webhook.policy.model import PolicyError, parse_policy
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 8443
 DEFAULT_CERT_DIR = "certs"
+# Each worker holds its own caches: more than a machine's cores only costs memory.
+MAX_WORKERS = 64
 
 
 def _serving_files(cert_dir: Path, sans: Sequence[str]) -> certfiles.ServingFiles:
@@ -78,7 +80,9 @@ def run_serve(args: argparse.Namespace) -> int:
         args.cluster_lookups == "auto"
         and bool(in_cluster or args.kubeconfig or args.policy_configmap or args.tls_secret)
     )
-    print(f"gpuguard: serving https://{args.host}:{args.port}", file=sys.stderr)
+    count = _worker_count(args.workers)
+    plural = "s" if count > 1 else ""
+    print(f"gpuguard: serving https://{args.host}:{args.port} ({count} worker{plural})", file=sys.stderr)
     options = manager.Options(
         host=args.host,
         port=args.port,
@@ -89,9 +93,23 @@ def run_serve(args: argparse.Namespace) -> int:
         cluster=lookups,
         kubeconfig=args.kubeconfig,
         certificates=settings,
+        workers=count,
     )
-    manager.serve(options)
-    return output.EXIT_OK
+    return manager.serve(options)
+
+
+def _worker_count(value: str) -> int:
+    if value != "auto":
+        return int(value)
+    from webhook import workers
+
+    return workers.auto_count(workers.cpu_limit(), workers.usable_cpus())
+
+
+def _workers_argument(value: str) -> str:
+    if value == "auto" or (value.isdigit() and 1 <= int(value) <= MAX_WORKERS):
+        return value
+    raise argparse.ArgumentTypeError(f"expected auto or a number from 1 to {MAX_WORKERS}, got {value!r}")
 
 
 def register(commands: output.Commands) -> None:
@@ -151,5 +169,13 @@ def register(commands: output.Commands) -> None:
         choices=("auto", "on", "off"),
         default="auto",
         help="cache PriorityClasses, namespaces, nodes and DRA claims (auto: when cluster access is configured)",
+    )
+    serve.add_argument(
+        "--workers",
+        default="1",
+        type=_workers_argument,
+        metavar="N|auto",
+        help="processes answering on the one port, seen as one server (metrics summed, ready when all"
+        " are); auto: one per CPU of the container's CPU limit (deploy/ passes auto)",
     )
     serve.set_defaults(run=run_serve)
