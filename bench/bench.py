@@ -940,15 +940,10 @@ def _preflight() -> None:
         sys.exit("bench: needs 2 cores (server on core 1, load generator on core 0)")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--duration", type=int, default=10, help="seconds per floor measurement (default 10)")
-    parser.add_argument("--short", type=int, default=4, help="seconds per other measurement (default 4)")
-    parser.add_argument("--warmup", type=int, default=1, help="seconds of warm-up before each measurement")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.md"))
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (payloads, logs)")
+def begin(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, Callable[[str], None]]:
+    """A wrk-driven bench's start: its arguments (with --wait-quiet), its tools, a quiet machine."""
     parser.add_argument(
         "--wait-quiet",
         type=float,
@@ -959,9 +954,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     _preflight()
     say: Callable[[str], None] = lambda text: print(f"bench: {text}", file=sys.stderr, flush=True)  # noqa: E731
     wait_for_quiet(args.wait_quiet, say)
+    return args, say
+
+
+def command_line(command: str, argv: Sequence[str] | None) -> str:
+    return command + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds per floor measurement (default 10)")
+    parser.add_argument("--short", type=int, default=4, help="seconds per other measurement (default 4)")
+    parser.add_argument("--warmup", type=int, default=1, help="seconds of warm-up before each measurement")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.md"))
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (payloads, logs)")
+    args, say = begin(parser, argv)
     results = run(args, say)
-    command = "bench/run" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    text = report(results, command)
+    text = report(results, command_line("bench/run", argv))
     args.out.write_text(text)
     print(text)
     return 0 if all(met for _, _, met in floors(results)) else FLOOR_MISSED

@@ -35,11 +35,11 @@ from bench.bench import (
     Load,
     Server,
     _free_port,
-    _preflight,
+    begin,
+    command_line,
     process_cpu_seconds,
     quietly,
     rss_mb,
-    wait_for_quiet,
     wrk,
 )
 
@@ -244,16 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=int, default=10, help="seconds per saturated run (default 10)")
     parser.add_argument("--rounds", type=int, default=3, help="runs per setup, alternating (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="seconds of warm-up before each run")
-    parser.add_argument(
-        "--wait-quiet", type=float, default=120, help="seconds to wait at most for other load to stop"
-    )
-    args = parser.parse_args(argv)
-    _preflight()
-    say: Callable[[str], None] = lambda text: print(f"bench: {text}", file=sys.stderr, flush=True)  # noqa: E731
-    wait_for_quiet(args.wait_quiet, say)
+    args, say = begin(parser, argv)
     results = run(args, say)
-    command = "bench/run cores" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    print(report(results, command))
+    print(report(results, command_line("bench/run cores", argv)))
     return 0 if all(met for _, _, met in floors(results)) else FLOOR_MISSED
 
 
