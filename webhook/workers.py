@@ -11,14 +11,16 @@ its counters and its own readiness into its slot. Whichever worker answers `/met
 worker to publish (an eventfd per slot), waits for their fresh slots (at most SCRAPE_WAIT_SECONDS, for
 a worker too busy to answer in time), and adds its live counters to theirs: a scrape counts every
 request answered before it, each once. `/readyz` answers ready only when every worker is: each slot
-published within STALE_SECONDS, none with a failing check. A slot is locked with a POSIX record lock while it is written or read, which
-the kernel releases when its holder dies, so a worker killed mid-write blocks nobody.
+published within STALE_SECONDS, none with a failing check. A slot is locked with a POSIX record lock
+while it is written or read, which the kernel releases when its holder dies, so a worker killed
+mid-write blocks nobody.
 
 A worker that has served and dies is forked again into its slot and continues the slot's counters,
 so every sum stays monotonic. A worker that ends (SIGTERM, an error) publishes a last time; one killed
-outright loses the requests it answered since its last publication, at most PUBLISH_SECONDS' worth. A worker that dies before any worker of its slot ever served ends the
-supervisor with its exit status, as a one-process server would: a broken configuration crash-loops
-where the kubelet shows it instead of being retried in silence.
+outright loses the requests it answered since its last publication, at most PUBLISH_SECONDS' worth.
+A worker that dies before any worker of its slot ever served ends the supervisor with its exit
+status, as a one-process server would: a broken configuration crash-loops where the kubelet shows it
+instead of being retried in silence.
 """
 
 from __future__ import annotations
