@@ -183,11 +183,11 @@ def mutate(
     working = copy_written(obj)
     view = locate(working, group=workload.group, kind=workload.kind, namespace=workload.namespace)
     assert view is not None  # the clone has the same shape as the object that located
-    labels = facts.labels_of(workload.namespace)
+    modes = policy.modes_for(workload.namespace, facts.labels_of(workload.namespace))
     decisions: list[Decision] = []
     applied: list[RuleId] = []
     for rule, mutator in MUTATORS.items():
-        mode = policy.mode_for(rule, workload.namespace, labels)
+        mode = modes[rule]
         if mode == "off":
             continue
         if mode == "enforce":
@@ -234,10 +234,10 @@ def validate(
         previous = locate(
             old, group=workload.group, kind=workload.kind, namespace=workload.namespace, daemonsets=True
         )
-    labels = facts.labels_of(workload.namespace)
+    modes = policy.modes_for(workload.namespace, facts.labels_of(workload.namespace))
     decisions: list[Decision] = []
     for rule, validator in VALIDATORS.items():
-        mode = policy.mode_for(rule, workload.namespace, labels)
+        mode = modes[rule]
         if mode != "off":
             decisions += _decisions(rule, mode, validator(workload, previous, policy, facts), denial=True)
     return Result(obj, obj, tuple(decisions))

@@ -13,7 +13,7 @@ would come out empty, anything msgspec refuses), it says so and the caller decod
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeAlias, Union
+from typing import Any, TypeAlias, TypedDict, Union
 
 import msgspec
 
@@ -41,51 +41,48 @@ class NotPartial(ValueError):
     """The document cannot be decoded partially with the same result as `narrow`: decode all of it."""
 
 
-Convert = Callable[[Any], Any]
+Check = Callable[[Any], None]
+_TYPED_DICT: Any = TypedDict  # called with a computed mapping, which mypy's TypedDict() does not allow
 
 
-def _each(convert: Convert) -> Convert:
-    return lambda items: [convert(item) for item in items]
+def _level(tree: FieldTree, name: str) -> tuple[Any, Check]:
+    """A TypedDict for one level of `tree` (msgspec decodes it into a plain dict of just those keys), and
+    the check that no level it decodes came out empty.
 
-
-def _struct(tree: FieldTree, name: str) -> tuple[type[msgspec.Struct], Convert]:
-    """A msgspec Struct type for one level of `tree`, and the function making its dict.
-
-    Every field may be absent (UNSET: the key is left out, as `narrow` leaves it out) or null (kept as
-    None, as `narrow` keeps any value that is not a mapping or a list).
+    Every key may be absent (left out, as `narrow` leaves it out) or null (kept as None, as `narrow` keeps
+    any value that is not a mapping or a list). A level holding none of the tree's keys would decode to
+    {} where `narrow` keeps the whole value: the check refuses it.
     """
-    fields: list[tuple[str, Any, Any]] = []
-    nested: dict[str, Convert] = {}
+    annotations: dict[str, Any] = {}
+    below_levels: list[tuple[str, Check]] = []
+    below_lists: list[tuple[str, Check]] = []
     for key, below in tree.items():
-        kind: Any
         if below is None:
-            kind = Any
+            annotations[key] = Any
         elif isinstance(below, tuple):
-            item_type, item_convert = _struct(below[0], f"{name}_{key}")
-            kind = Union[list[item_type], None]  # type: ignore[valid-type]  # noqa: UP007
-            nested[key] = _each(item_convert)
+            item_type, item_check = _level(below[0], f"{name}_{key}")
+            annotations[key] = Union[list[item_type], None]  # type: ignore[valid-type]  # noqa: UP007
+            below_lists.append((key, item_check))
         else:
-            level_type, nested[key] = _struct(below, f"{name}_{key}")
-            kind = Union[level_type, None]  # noqa: UP007
-        fields.append((key, Union[kind, msgspec.UnsetType], msgspec.UNSET))  # noqa: UP007
-    # gc=False: decoded levels hold no cycles, and the collector need not track them.
-    struct = msgspec.defstruct(name, fields, frozen=True, gc=False)
-    names = tuple(tree)
-    unset = msgspec.UNSET
+            level_type, level_check = _level(below, f"{name}_{key}")
+            annotations[key] = Union[level_type, None]  # noqa: UP007
+            below_levels.append((key, level_check))
+    typed = _TYPED_DICT(name, annotations, total=False)
 
-    def convert(value: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key in names:
-            item = getattr(value, key)
-            if item is unset:
-                continue
-            below = nested.get(key)
-            out[key] = item if below is None or item is None else below(item)
-        if not out:
+    def check(level: dict[str, Any]) -> None:
+        if not level:
             raise NotPartial("a level holds none of the keys the tree keeps: it may hold others")
-        return out
+        for key, check_below in below_levels:
+            item = level.get(key)
+            if item is not None:
+                check_below(item)
+        for key, check_item in below_lists:
+            items = level.get(key)
+            if items is not None:
+                for item in items:
+                    check_item(item)
 
-    return struct, convert
+    return typed, check
 
 
 class PartialDecoder:
@@ -97,14 +94,14 @@ class PartialDecoder:
     """
 
     def __init__(self, tree: FieldTree, name: str) -> None:
-        struct, self._convert = _struct(tree, name)
-        self._decoder = msgspec.json.Decoder(struct)
+        typed, self._check = _level(tree, name)
+        self._decoder = msgspec.json.Decoder(typed)
 
     def decode(self, data: bytes | bytearray) -> dict[str, Any]:
         try:
-            decoded = self._decoder.decode(data)
+            decoded: dict[str, Any] = self._decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
             # Too deep for msgspec is what orjson refuses too: the whole decoding says so in its words.
             raise NotPartial(str(exc)) from exc
-        result: dict[str, Any] = self._convert(decoded)
-        return result
+        self._check(decoded)
+        return decoded

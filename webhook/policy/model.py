@@ -583,6 +583,27 @@ class Policy(_Model):
             return override
         return next((o for o in self._selector_overrides if o.selector and o.selector.matches(labels)), None)
 
+    @cached_property
+    def _modes_by_namespace(self) -> dict[str | None, Mapping[RuleId, Mode]]:
+        # Filled as namespaces are asked about; it lives and dies with this policy object (a new policy
+        # is a new object), so it can never answer for another policy.
+        return {}
+
+    def modes_for(
+        self, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> Mapping[RuleId, Mode]:
+        """`mode_for` of every rule, remembered per namespace where the labels cannot change the answer
+        (no selector override, or no labels to match): each request asks all of them."""
+        if labels is not None and self._selector_overrides:
+            return {rule: self.mode_for(rule, namespace, labels) for rule in RULE_IDS}
+        modes = self._modes_by_namespace.get(namespace)
+        if modes is None:
+            if len(self._modes_by_namespace) >= MAX_REMEMBERED_NAMES:
+                self._modes_by_namespace.clear()  # bounded: namespaces come from the requests
+            modes = {rule: self.mode_for(rule, namespace) for rule in RULE_IDS}
+            self._modes_by_namespace[namespace] = modes
+        return modes
+
     def rule(self, rule: RuleId) -> _Rule:
         rule_model: _Rule = getattr(self.rules, rule)
         return rule_model

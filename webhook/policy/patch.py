@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 Operation = dict[str, Any]
+_ABSENT = object()
 
 
 def escape(token: str) -> str:
@@ -33,18 +34,20 @@ def diff(original: Any, mutated: Any) -> list[Operation]:
 
 def _diff(original: Any, mutated: Any, path: str, out: list[Operation]) -> None:
     if isinstance(original, dict) and isinstance(mutated, dict):
-        for key in sorted(original.keys() | mutated.keys()):
+        # What both share (the engine copies only what rules write) is most of a document: find the keys
+        # whose values are not the very same object first, in one pass without a call or a path string,
+        # and sort only those (the order is that of all the keys, less ones that give no operation).
+        differing = [key for key, after in mutated.items() if original.get(key, _ABSENT) is not after]
+        differing += original.keys() - mutated.keys()
+        for key in sorted(differing):
             if key not in mutated:
                 out.append({"op": "remove", "path": f"{path}/{escape(key)}"})
             elif key not in original:
                 out.append({"op": "add", "path": f"{path}/{escape(key)}", "value": mutated[key]})
             else:
                 before, after = original[key], mutated[key]
-                # What both share (the engine copies only what rules write) and equal scalars are most
-                # of a document: skip them without a call or a path string.
-                if before is after or (
-                    type(before) is type(after) and type(before) not in (dict, list) and before == after
-                ):
+                # Equal scalars need no call or path string either.
+                if type(before) is type(after) and type(before) not in (dict, list) and before == after:
                     continue
                 _diff(before, after, f"{path}/{escape(key)}", out)
     elif isinstance(original, list) and isinstance(mutated, list):
