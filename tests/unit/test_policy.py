@@ -321,3 +321,34 @@ def test_every_rule_has_its_code() -> None:
 
     assert tuple(MUTATORS) == MUTATING_RULES
     assert set(VALIDATORS) == set(VALIDATING_RULES)
+
+
+SELECTOR_POLICY = {
+    "namespaces": [{"selector": {"matchLabels": {"tier": "batch"}}, "rules": {"priority": "off"}}]
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "labels"),
+    [
+        pytest.param(SPECIFICITY_POLICY, None, id="names"),
+        pytest.param(SELECTOR_POLICY, {"tier": "batch"}, id="selector-matching"),
+        pytest.param(SELECTOR_POLICY, {"tier": "web"}, id="selector-not-matching"),
+        pytest.param(SELECTOR_POLICY, None, id="selector-labels-unknown"),
+    ],
+)
+def test_modes_for_every_rule_agree_with_mode_for_each_and_again_when_remembered(
+    overrides: dict[str, Any], labels: dict[str, str] | None
+) -> None:
+    policy = make_policy(overrides)
+    for namespace in ("default", "team-a", "team-b", "team-c", None):
+        expected = {rule: policy.mode_for(rule, namespace, labels) for rule in RULE_IDS}
+        assert dict(policy.modes_for(namespace, labels)) == expected
+        assert dict(policy.modes_for(namespace, labels)) == expected  # the remembered answer, where kept
+
+
+def test_modes_for_follows_a_namespaces_labels_as_they_change() -> None:
+    policy = make_policy(SELECTOR_POLICY)
+    assert policy.modes_for("jobs", {"tier": "batch"})["priority"] == "off"
+    assert policy.modes_for("jobs", {"tier": "web"})["priority"] == policy.mode_for("priority", "jobs")
+    assert policy.modes_for("jobs", {"tier": "batch"})["priority"] == "off"
