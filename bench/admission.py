@@ -16,6 +16,7 @@ extension, and whether the created pods came back mutated. The method is in benc
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import datetime
 import functools
@@ -26,6 +27,7 @@ import platform
 import queue
 import resource
 import shutil
+import ssl
 import statistics
 import sys
 import tempfile
@@ -50,6 +52,7 @@ from bench.bench import (
     quietly,
     wait_for_quiet,
 )
+from webhook.certs.files import CA_FILE
 from webhook.policy.model import Accelerators, default_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +91,12 @@ KYVERNO_POLICY = REPO / "bench" / "kyverno" / "readiness-tolerations.yaml"
 GPUGUARD_LABEL = "bench.gpuguard.io/gpuguard"
 MAP_LABEL = "bench.gpuguard.io/map"
 KYVERNO_LABEL = "bench.gpuguard.io/kyverno"
+NO_OP_LABEL = "bench.gpuguard.io/no-op"
+# deploy/'s webhooks that scenario (e) copies, and the names of the copies.
+NO_OP_MIRRORS = {
+    "mutate.gpuguard.io": "mutate.no-op.bench.gpuguard.io",
+    "validate.gpuguard.io": "validate.no-op.bench.gpuguard.io",
+}
 KYVERNO_NAMESPACE = "kyverno"
 CONNECTIONS = 32  # the open loop's pool: enough that a slow create never holds up the next one
 SATURATION_CONNECTIONS = 8
@@ -345,6 +354,52 @@ def install_gpuguard(plane: ControlPlane, work: Path, stack: ExitStack) -> Exten
         f"webhook {validating['name']}": webhook_series(validating["name"]),
     }
     return Extension("b", "(b) gpuguard webhooks", namespace, series, True, Meter(replica.pid))
+
+
+def install_no_op_webhooks(plane: ControlPlane, work: Path, stack: ExitStack) -> Extension:
+    """Scenario (e), the least a webhook costs: `bench/echo.py --work allow` (uvicorn over TLS, as gpuguard
+    serves; it finds the uid and allows, changing nothing) behind copies of deploy/'s two webhook
+    configurations with every setting kept (rules, matchConditions, failurePolicy, timeouts,
+    reinvocation), renamed and pointed at it for the bench's namespace. What (b) pays for being two
+    webhooks at all, before gpuguard decides or patches anything."""
+    from webhook.certs import tls  # cryptography, for the echo's own CA and certificate
+
+    certs = work / "no-op-certs"
+    tls.generate_serving_files(certs, [LOOPBACK])
+    (port,) = free_ports(1)
+    argv: list[str | Path] = [sys.executable, "-m", "bench.echo", "--work", "allow"]
+    process = spawn(
+        [*argv, "--port", str(port), "--cert-dir", certs], work / "no-op.log", os.environ, cwd=REPO
+    )
+    stack.callback(process.stop)
+    context = ssl.create_default_context(cafile=str(certs / CA_FILE))
+    wait_until(
+        lambda: http_get(port, "/", context)[0] == 200, timeout=30, what="the no-op webhook", process=process
+    )
+    ca_bundle = base64.b64encode((certs / CA_FILE).read_bytes()).decode()
+    series = {}
+    for doc in render(plane):
+        kind = doc["kind"].lower()
+        if kind not in CONFIGURATION_KINDS:
+            continue
+        # The two webhooks the bench's pods reach; deploy/'s third (device software in kube-system) never.
+        hooks = [hook for hook in doc["webhooks"] if hook["name"] in NO_OP_MIRRORS]
+        for hook in hooks:
+            hook["name"] = NO_OP_MIRRORS[hook["name"]]
+            hook["clientConfig"] = {
+                "url": f"https://{LOOPBACK}:{port}{ENDPOINTS[kind]}",
+                "caBundle": ca_bundle,
+            }
+            hook["namespaceSelector"] = {"matchLabels": {NO_OP_LABEL: "true"}}
+            series[f"webhook {hook['name']}"] = webhook_series(hook["name"])
+        plane.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(doc | {"metadata": {"name": "bench-no-op"}, "webhooks": hooks}),
+        )
+    namespace = _labelled_namespace(plane, "bench-no-op", {NO_OP_LABEL: "true"})
+    return Extension("e", "(e) no-op webhooks", namespace, series, False, Meter(process.popen.pid))
 
 
 def install_map(plane: ControlPlane) -> Extension:
@@ -848,6 +903,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = SAY) -> Results:
             if args.kyverno is not None:
                 say(f"starting Kyverno from {args.kyverno}")
                 extensions.append(install_kyverno(plane, args.kyverno, work, stack))
+            say("starting the no-op webhooks")
+            extensions.append(install_no_op_webhooks(plane, work, stack))
             pods, sources = load_pods(args.corpus)
             install_priority_classes(plane, pods)
             probe = orjson.dumps(fallback_pods()[0])
@@ -1018,7 +1075,31 @@ def report(results: Results, command: str) -> str:
     lines += ["", "Floors:", "", "| Floor | Measured | |", "|---|---|---|"]
     for name, measured, met in floors(results):
         lines.append(f"| {name} | {measured} | {'met' if met else '**missed**'} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *webhook_share(results)]) + "\n"
+
+
+def _added_ms(results: Results, key: str, over: str, rate: float) -> tuple[float, float]:
+    """What scenario `key` adds over scenario `over` at `rate`: p50 and p99 of the created pods, ms."""
+    mine = [s.latency_ms for s in results.pooled(key, rate) if s.created]
+    theirs = [s.latency_ms for s in results.pooled(over, rate) if s.created]
+    return (
+        percentile(mine, 0.5) - percentile(theirs, 0.5),
+        percentile(mine, 0.99) - percentile(theirs, 0.99),
+    )
+
+
+def webhook_share(results: Results) -> list[str]:
+    """Splits what (b) adds into what any two webhooks cost on this machine, scenario (e), and the rest."""
+    rate = FLOOR_RATE if FLOOR_RATE in results.rates else max(results.rates)
+    any_p50, any_p99 = _added_ms(results, "e", "a", rate)
+    own_p50, own_p99 = _added_ms(results, "b", "e", rate)
+    within = any_p50 <= FLOOR_P50_MS and any_p99 <= FLOOR_P99_MS
+    return [
+        f"Where (b)'s latency goes at {rate:g} creates/s: two webhooks that do nothing, configured as "
+        f"deploy/'s, add {_delta(any_p50)} ms at p50 and {_delta(any_p99)} ms at p99 over (a), "
+        f"{'within' if within else 'beyond'} the floors by themselves; gpuguard's own work adds "
+        f"{_delta(own_p50)} / {_delta(own_p99)} ms over them.",
+    ]
 
 
 def _histogram_label(name: str) -> str:

@@ -10,7 +10,9 @@ depend on how fast the machine is.
 `--work` adds one piece of gpuguard's work to the bare echo, to show by hand where the saturation floor
 goes: `decode` parses the body with orjson and still answers the fixed review; `review` answers through
 `webhook.admission.review.review` (engine, differ, answer) with the embedded policy, without gpuguard's shell
-(FastAPI, metrics, the log line).
+(FastAPI, metrics, the log line). `allow` is the least a webhook the API server accepts can do: it finds
+the request's uid in the body's first bytes and allows, changing nothing (`bench/run admission`'s
+scenario (e), the cost of calling any webhook at all).
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def working_app(work: Callable[[bytes], bytes]) -> Callable[[Scope, Receive, Sen
             chunks.append(message.get("body", b""))
             if message["type"] == "http.disconnect" or not message.get("more_body", False):
                 break
-        answer = work(b"".join(chunks))
+        # A GET (the bench's readiness poll) has no review to work on.
+        answer = work(b"".join(chunks)) if scope["method"] == "POST" else ANSWER
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
@@ -79,7 +82,24 @@ def _review() -> Callable[[bytes], bytes]:
     return lambda body: review(body, endpoint="mutate", policy=policy).body
 
 
-WORK: dict[str, Callable[[], Callable[[bytes], bytes]]] = {"decode": _decode, "review": _review}
+def _allow() -> Callable[[bytes], bytes]:
+    from webhook.admission.review import uid_in
+
+    def allow(body: bytes) -> bytes:
+        # The API server refuses an answer whose uid is not its request's.
+        response = {"uid": uid_in(body), "allowed": True}
+        return orjson.dumps(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+        )
+
+    return allow
+
+
+WORK: dict[str, Callable[[], Callable[[bytes], bytes]]] = {
+    "allow": _allow,
+    "decode": _decode,
+    "review": _review,
+}
 
 
 def main() -> None:
