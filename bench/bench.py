@@ -114,9 +114,11 @@ def _pinned(core: str, argv: Sequence[str]) -> list[str]:
     return ["taskset", "-c", core, *argv]
 
 
-def wrk(url: str, script: Path, *, connections: int, seconds: int, timeout_s: int = 5) -> Load:
+def wrk(
+    url: str, script: Path, *, connections: int, seconds: int, timeout_s: int = 5, core: str = LOAD_CORE
+) -> Load:
     argv = _pinned(
-        LOAD_CORE,
+        core,
         [
             "wrk",
             "-t1",
