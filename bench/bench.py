@@ -475,6 +475,8 @@ class Results:
     steal_s: float = 0.0
     # CPU µs of one in-process `review()` per payload, /mutate with the embedded policy.
     review_us: dict[str, float] = field(default_factory=dict)
+    # Server CPU µs per request of the echo answering through review() (10 KB GPU pod, saturated).
+    reviewing_cpu_us: float = 0.0
 
 
 def overrides_policy(count: int) -> str:
@@ -576,18 +578,20 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
             f"gpuguard ready in {statistics.median(results.startup_s):.3f} s, idle RSS {results.idle_rss_mb:.1f} MB"
         )
 
-        echo_port = _free_port()
-        echo = Server(
-            "echo",
-            [sys.executable, "-m", "bench.echo", "--port", str(echo_port), "--cert-dir", str(certs)],
-            port=echo_port,
-            ca=certs / "ca.crt",
-            log=work / "echo.log",
-        )
+        def echo_server(name: str, *extra: str) -> Server:
+            port = _free_port()
+            argv = [sys.executable, "-m", "bench.echo", "--port", str(port), "--cert-dir", str(certs), *extra]
+            return Server(name, argv, port=port, ca=certs / "ca.crt", log=work / f"{name}.log")
+
+        echo = echo_server("echo")
         servers.append(echo)
         results.echo_startup_s = echo.start()
         time.sleep(0.5)
         results.echo_idle_rss_mb = rss_mb(echo.pid)
+        # The echo answering through review() and nothing else: where serving would be with no shell.
+        reviewing = echo_server("echo-review", "--work", "review")
+        servers.append(reviewing)
+        reviewing.start()
 
         for label, review in reviews.items():
             results.rows[label] = Row(
@@ -615,20 +619,24 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
             wrk(server.url("/mutate"), scripts[key], connections=1, seconds=warm)
             return wrk(server.url("/mutate"), scripts[key], connections=1, seconds=seconds)
 
-        # F1 decides on a ratio, so echo and gpuguard alternate: drift of the machine hits both alike.
-        say(f"saturation, {GPU_POD}: echo and gpuguard interleaved, 3 x {long} s each")
+        # The serving floor is a ratio, so the servers alternate: drift of the machine hits them alike.
+        say(f"saturation, {GPU_POD}: echo, echo + review() and gpuguard interleaved, 3 x {long} s each")
         rss: list[float] = []
-        echo_runs, guard_runs = [], []
+        echo_runs, reviewing_runs, guard_runs = [], [], []
         noise: list[float] = []
 
-        def saturation_pair() -> tuple[Load, Load]:
+        def saturation_runs() -> tuple[Load, Load, Load]:
             echo_load = saturate(echo, GPU_POD, long)
+            reviewing_load = saturate(reviewing, GPU_POD, long)
             with peak_rss(main.pid, rss):
-                return echo_load, saturate(main, GPU_POD, long)
+                return echo_load, reviewing_load, saturate(main, GPU_POD, long)
 
         for _ in range(3):
-            (echo_load, guard_load), share = quietly(servers, say, "saturation", saturation_pair)
+            (echo_load, reviewing_load, guard_load), share = quietly(
+                servers, say, "saturation", saturation_runs
+            )
             echo_runs.append(echo_load)
+            reviewing_runs.append(reviewing_load)
             guard_runs.append(guard_load)
             noise.append(share)
             results.ratio_runs.append(guard_load.rps / echo_load.rps)
@@ -638,6 +646,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
         gpu.guard_rps = statistics.median(load.rps for load in guard_runs)
         gpu.echo_cpu_us = statistics.median(load.cpu_us for load in echo_runs)
         gpu.guard_cpu_us = statistics.median(load.cpu_us for load in guard_runs)
+        results.reviewing_cpu_us = statistics.median(load.cpu_us for load in reviewing_runs)
 
         def latency_pair() -> tuple[Load, Load]:
             half = max(1, long // 2)
@@ -803,7 +812,8 @@ def floors(results: Results) -> list[tuple[str, str, bool]]:
             f"({row.guard_cpu_us / parts_us:.2f}x; saturated {row.guard_rps:,.0f} vs echo {row.echo_rps:,.0f} "
             f"req/s, runs "
             + ", ".join(f"{r:.2f}" for r in results.ratio_runs)
-            + f"){_noise(results, 'saturation')}",
+            + f"); the echo answering through `review()` alone, no shell: {results.reviewing_cpu_us:.0f} µs "
+            f"({results.reviewing_cpu_us / parts_us:.2f}x){_noise(results, 'saturation')}",
             row.guard_cpu_us <= FLOOR_SERVE_OVER_PARTS * parts_us,
         ),
         (
