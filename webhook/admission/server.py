@@ -219,6 +219,10 @@ def https_server(
         access_log=False,
         log_config=None,
         server_header=False,
+        # The API server calls gpuguard directly: no proxy in between whose X-Forwarded-For to trust.
+        # uvicorn's default trusts it from loopback, which only lets a local client choose the address
+        # gpuguard logs, and costs a middleware call per request.
+        proxy_headers=False,
     )
     if adopt_context is not None:
         # Made now rather than by uvicorn at startup, so the caller can switch what it presents.
