@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import gc
 import logging
 import math
 import os
@@ -305,6 +306,9 @@ class Supervisor:
 
     def _fork(self, slot: int) -> None:
         parent = os.getpid()
+        # The supervisor's objects (every imported module) are shared copy-on-write with the worker:
+        # frozen, the worker's collections never write to them, so their pages stay shared.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # the worker: it never returns into the supervisor's code
             status = 1
