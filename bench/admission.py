@@ -368,9 +368,8 @@ def install_no_op_webhooks(plane: ControlPlane, work: Path, stack: ExitStack) ->
     tls.generate_serving_files(certs, [LOOPBACK])
     (port,) = free_ports(1)
     argv: list[str | Path] = [sys.executable, "-m", "bench.echo", "--work", "allow"]
-    process = spawn(
-        [*argv, "--port", str(port), "--cert-dir", certs], work / "no-op.log", os.environ, cwd=REPO
-    )
+    argv += ["--port", str(port), "--cert-dir", certs]
+    process = spawn(argv, work / "no-op.log", os.environ, cwd=REPO)
     stack.callback(process.stop)
     context = ssl.create_default_context(cafile=str(certs / CA_FILE))
     wait_until(
@@ -961,12 +960,29 @@ def _delta(value: float) -> str:
     return f"{value:+.2f}" if abs(value) < 10 else f"{value:+.1f}"
 
 
+def _floor_rate(results: Results) -> float:
+    """The rate the latency floors are judged at: theirs when it was run, else the highest that was."""
+    return FLOOR_RATE if FLOOR_RATE in results.rates else max(results.rates)
+
+
+def _latencies(results: Results, key: str, rate: float) -> list[float]:
+    """Client latencies, ms, of the pods scenario `key` created at `rate`, every run pooled."""
+    return [s.latency_ms for s in results.pooled(key, rate) if s.created]
+
+
+def _added_ms(results: Results, key: str, over: str, rate: float) -> tuple[float, float]:
+    """What scenario `key` adds over scenario `over` at `rate`: p50 and p99 of the created pods, ms."""
+    mine, theirs = _latencies(results, key, rate), _latencies(results, over, rate)
+    return (
+        percentile(mine, 0.5) - percentile(theirs, 0.5),
+        percentile(mine, 0.99) - percentile(theirs, 0.99),
+    )
+
+
 def floors(results: Results) -> list[tuple[str, str, bool]]:
-    rate = FLOOR_RATE if FLOOR_RATE in results.rates else max(results.rates)
-    base = [s.latency_ms for s in results.pooled("a", rate) if s.created]
-    guard = [s.latency_ms for s in results.pooled("b", rate) if s.created]
-    p50 = percentile(guard, 0.5) - percentile(base, 0.5)
-    p99 = percentile(guard, 0.99) - percentile(base, 0.99)
+    rate = _floor_rate(results)
+    base, guard = _latencies(results, "a", rate), _latencies(results, "b", rate)
+    p50, p99 = _added_ms(results, "b", "a", rate)
     all_runs = [run for runs in results.runs.values() for run in runs] + list(results.saturation.values())
     errors = sum(len(run.errors) for run in all_runs)
     creates = sum(len(run.samples) for run in all_runs)
@@ -1016,7 +1032,7 @@ def report(results: Results, command: str) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rate in results.rates:
-        base = [s.latency_ms for s in results.pooled("a", rate) if s.created]
+        base = _latencies(results, "a", rate)
         for extension in results.extensions:
             runs = results.runs[(extension.key, rate)]
             latencies = [s.latency_ms for run in runs for s in run.created]
@@ -1078,19 +1094,9 @@ def report(results: Results, command: str) -> str:
     return "\n".join([*lines, "", *webhook_share(results)]) + "\n"
 
 
-def _added_ms(results: Results, key: str, over: str, rate: float) -> tuple[float, float]:
-    """What scenario `key` adds over scenario `over` at `rate`: p50 and p99 of the created pods, ms."""
-    mine = [s.latency_ms for s in results.pooled(key, rate) if s.created]
-    theirs = [s.latency_ms for s in results.pooled(over, rate) if s.created]
-    return (
-        percentile(mine, 0.5) - percentile(theirs, 0.5),
-        percentile(mine, 0.99) - percentile(theirs, 0.99),
-    )
-
-
 def webhook_share(results: Results) -> list[str]:
     """Splits what (b) adds into what any two webhooks cost on this machine, scenario (e), and the rest."""
-    rate = FLOOR_RATE if FLOOR_RATE in results.rates else max(results.rates)
+    rate = _floor_rate(results)
     any_p50, any_p99 = _added_ms(results, "e", "a", rate)
     own_p50, own_p99 = _added_ms(results, "b", "e", rate)
     within = any_p50 <= FLOOR_P50_MS and any_p99 <= FLOOR_P99_MS

@@ -1,7 +1,8 @@
 """The pod-create bench (`bench/run admission`) at a tiny size, so that it cannot rot unnoticed: it starts
 its own control plane, installs deploy/ with a gpuguard replica, bench/map/'s policy and the no-op
-webhooks, creates pods in every scenario and writes its report. Its timing floors are the bench's business, not the suite's: this
-asserts what must hold on any machine, that no create failed and that both extensions mutated every pod."""
+webhooks, creates pods in every scenario and writes its report. Its timing floors are the bench's
+business, not the suite's: this asserts what must hold on any machine, that no create failed and that
+both extensions mutated every pod."""
 
 from __future__ import annotations
 
