@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from webhook.controllers.fleet import Breaker, Ledger, PodIndex
 from webhook.controllers.nodehealth import CONFLICT_RECHECK_SECONDS, NodeHealth
 from webhook.kube.events import EventRecorder
-from webhook.kube.informer import Informer, ListPage
+from webhook.kube.informer import Change, Informer, ListPage
 from webhook.kube.remediation import ConflictError, NotFoundError, StoredState
 from webhook.metrics import Registry
 from webhook.policy import health
@@ -69,7 +72,7 @@ class NoStore:
 
 
 def controller(
-    policy: Policy, *nodes: dict[str, Any], ledger: Ledger | None = None
+    policy: Policy, *nodes: dict[str, Any], ledger: Ledger | None = None, breaker: Breaker | None = None
 ) -> tuple[NodeHealth, RecordedWrites, list[dict[str, Any]], Breaker]:
     stop = threading.Event()
     node_informer: Informer[NodeFacts] = Informer(
@@ -81,7 +84,7 @@ def controller(
     sent: list[dict[str, Any]] = []
     events = EventRecorder(lambda namespace, body: sent.append(body), stop=stop)
     writes = RecordedWrites()
-    breaker = Breaker(NoStore(), lambda: NOW)
+    breaker = breaker or Breaker(NoStore(), lambda: NOW)
     ledger = ledger or Ledger()
     for facts in node_informer.snapshot().values():
         ledger.classify(facts, policy)
@@ -172,9 +175,13 @@ def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
         }
     )
     earlier = NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
-    ledger = Ledger()
-    ledger.seed([health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))], policy)  # type: ignore[list-item]
-    loop, writes, sent, breaker = controller(policy, raw_node("gpu-1", allocatable=7), ledger=ledger)
+    ledger, breaker = Ledger(), Breaker(NoStore(), lambda: NOW)
+    seeded = [health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))]
+    ledger.seed(seeded, policy)  # type: ignore[arg-type]
+    breaker.seed(seeded)  # type: ignore[arg-type]
+    loop, writes, sent, _ = controller(
+        policy, raw_node("gpu-1", allocatable=7), ledger=ledger, breaker=breaker
+    )
     loop.reconcile("gpu-1")
     assert breaker.state.open
     # The condition says what is wrong; no taint: the breaker opened on this very node.
@@ -217,3 +224,53 @@ def test_a_node_left_alone_keeps_its_signals_timed_in_memory() -> None:
     loop.reconcile("gpu-1")
     assert writes.calls == []
     assert flushed(loop, sent) == ["RemediationHeld", "RemediationHeld"]
+
+
+def test_nodes_replaced_after_they_became_due_still_count_for_the_breaker() -> None:
+    # The review's rolling fault: each node due is drained and replaced (deleted) before the next.
+    # The ledger forgets a deleted node (its budget place is free); the breaker's log does not.
+    policy = make_policy(
+        {
+            "health": {
+                "mode": "enforce",
+                "signals": {"deviceGap": {"forSeconds": 0}},
+                "circuitBreaker": {"maxNodes": 2},
+            }
+        }
+    )
+    breaker = Breaker(NoStore(), lambda: NOW)
+    ledger = Ledger()
+    for i in range(3):
+        name = f"gpu-{i}"
+        loop, writes, sent, _ = controller(
+            policy, raw_node(name, allocatable=7), ledger=ledger, breaker=breaker
+        )
+        loop.reconcile(name)
+        facts = loop.nodes.get(name)
+        loop.node_changed(Change(name, facts, None))
+        assert ledger.entry(name) is None
+    assert breaker.state.open
+    assert "CircuitBreakerOpened" in flushed(loop, sent)
+    assert "taints" not in writes.calls[-1][1].get("spec", {})
+
+
+def test_a_node_left_alone_does_not_count_for_the_breaker() -> None:
+    policy = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 0}}}})
+    excluded = raw_node("gpu-1", allocatable=7, labels={health.EXCLUDE_LABEL: "true"})
+    loop, _, _, breaker = controller(policy, excluded)
+    loop.reconcile("gpu-1")
+    assert breaker.logged() == {}
+
+
+def test_an_unreadable_record_is_logged_once_while_it_lasts_and_again_when_it_breaks_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = raw_node("gpu-1", record="{not json")
+    loop, _, _, _ = controller(ENFORCE, broken)
+    with caplog.at_level(logging.WARNING, logger="gpuguard.nodehealth"):
+        loop.reconcile("gpu-1")
+        loop.reconcile("gpu-1")
+        assert len(caplog.records) == 1
+        # Deleted: nothing of it is kept.
+        loop.node_changed(Change("gpu-1", loop.nodes.get("gpu-1"), None))
+        assert loop._reported_errors == set()

@@ -22,8 +22,15 @@ from typing import Any, Protocol
 
 from webhook import probes
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, EvictionRateLimits, Ledger, PodIndex
-from webhook.controllers.nodehealth import NodeHealth
+from webhook.controllers.fleet import (
+    DUE_LOG_WRITE_SECONDS,
+    Breaker,
+    EvictionRateLimits,
+    Ledger,
+    PodIndex,
+    disrupts,
+)
+from webhook.controllers.nodehealth import NodeHealth, announce
 from webhook.controllers.podhealth import PodHealth
 from webhook.kube import facts, remediation
 from webhook.kube.client import ApiClient, api_client, metadata_of
@@ -131,6 +138,7 @@ class ControllerManager:
             nodes=self.nodes,
             namespace_labels=self._namespace_labels,
             breaker=self.breaker,
+            fleet_size=self.ledger.fleet_size,
             limits=EvictionRateLimits(clock=lambda: _now().timestamp()),
             policy=lambda: self.store.policy,
             evictions=remediation.Evictor(api),
@@ -221,6 +229,9 @@ class ControllerManager:
         for node in self.nodes.snapshot().values():
             self.ledger.classify(node, policy)
         if self.elector.leading:
+            # First the breaker: a trip said in audit holds once a disruptive action is enforced,
+            # before any worker acts under the new policy.
+            self._evaluate_breaker(policy)
             self.node_health.enqueue_all()
             self.pod_health.enqueue_all()
             for runnable in self.runnables:
@@ -236,17 +247,48 @@ class ControllerManager:
     def _state_changed(self, snapshot: Mapping[Hashable, dict[str, str]] | None) -> None:
         if snapshot is None:
             return  # unreadable for now: keep the breaker as it was
-        if self.breaker.observe(snapshot.get(STATE_CONFIGMAP)) and self.elector.leading:
-            closed = self.breaker.state
-            note = f"circuit breaker closed by {closed.closed_by or 'an operator'}; remediation resumes"
+        closed = self.breaker.observe(snapshot.get(STATE_CONFIGMAP))
+        if not self.elector.leading:
+            return
+        self._persist_breaker()
+        if closed:
+            state = self.breaker.state
+            note = f"circuit breaker closed by {state.closed_by or 'an operator'}; remediation resumes"
             log.warning(note)
-            regarding = ObjectRef("v1", "ConfigMap", self.options.namespace, STATE_CONFIGMAP)
             self.events.record(
-                regarding, "CircuitBreakerClosed", note, action="CloseCircuitBreaker", warning=False
+                self._state_ref(), "CircuitBreakerClosed", note, action="CloseCircuitBreaker", warning=False
             )
             for name in self.ledger.held():
                 self.node_health.controller.enqueue(name)
             self.pod_health.enqueue_all()
+
+    def _state_ref(self) -> ObjectRef:
+        return ObjectRef("v1", "ConfigMap", self.options.namespace, STATE_CONFIGMAP)
+
+    def _persist_breaker(self) -> None:
+        """The leader writes the close time it gave a close that carried none, or the open state a
+        ConfigMap lost; a failure is tried again on the next change or leadership."""
+        try:
+            self.breaker.persist()
+        except Exception as exc:
+            log.warning("could not write the circuit breaker's state: %s", exc)
+
+    def _evaluate_breaker(self, policy: Policy) -> None:
+        try:
+            trip = self.breaker.evaluate(policy, self.ledger.fleet_size(), enforced=disrupts(policy))
+        except Exception as exc:  # the due nodes' reconciles decide it again
+            log.warning("could not decide on the circuit breaker: %s", exc)
+            return
+        if trip is not None:
+            announce(trip, self._state_ref(), self.events, self.registry)
+
+    def _write_due_log(self) -> None:
+        """The leader writes the breaker's log as it grows, so a new leader counts what this one saw."""
+        while not self.stop.wait(DUE_LOG_WRITE_SECONDS):
+            try:
+                self.breaker.flush(self.store.policy)
+            except Exception as exc:
+                log.warning("could not write the circuit breaker's log: %s", exc)
 
     def _namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         return self.namespaces.get(namespace)
@@ -269,7 +311,7 @@ class ControllerManager:
             "role": "leader" if self.elector.leading else "standby",
             "identity": self.elector.identity,
             "leader": self.elector.holder,
-            "breaker": breaker.to_data(),
+            "breaker": {**breaker.to_data(), "wouldOpen": self.breaker.would_open},
             "heldNodes": self.ledger.held(),
         }
 
@@ -277,8 +319,12 @@ class ControllerManager:
 
     def _lead(self) -> None:
         policy = self.store.policy
-        # The records the nodes carry count against budgets before the first decision.
-        self.ledger.seed(self.nodes.snapshot().values(), policy)
+        # The records the nodes carry count against budgets and for the breaker before the first decision.
+        nodes = self.nodes.snapshot().values()
+        self.ledger.seed(nodes, policy)
+        self.breaker.seed(nodes)
+        self._persist_breaker()
+        threading.Thread(target=self._write_due_log, name="breaker-log", daemon=True).start()
         self.node_health.controller.start()
         self.pod_health.controller.start()
         self.node_health.enqueue_all()

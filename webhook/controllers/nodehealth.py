@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, Ledger, PodIndex
+from webhook.controllers.fleet import Breaker, Ledger, PodIndex, Trip, disrupts
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
@@ -39,7 +39,7 @@ from webhook.policy.health import (
     Step,
     Taint,
 )
-from webhook.policy.model import Policy, scaled_count
+from webhook.policy.model import Policy
 
 # A node whose write conflicted is looked at again after this, should no watch event bring it back.
 CONFLICT_RECHECK_SECONDS = 1.0
@@ -71,8 +71,17 @@ def persists(policy: Policy) -> bool:
     return any(policy.health_mode(action) == "enforce" for action in ("condition", "taint", "drain"))
 
 
-def disrupts(policy: Policy) -> bool:
-    return any(policy.health_mode(action) == "enforce" for action in ("taint", "drain", "evict"))
+def announce(trip: Trip, regarding: ObjectRef, events: EventRecorder, registry: Registry) -> None:
+    """The breaker opened (or, in audit and warn mode, would have): the Event, the log line, the count."""
+    registry.inc(series.REMEDIATIONS, "breaker", "done" if trip.enforced else "would")
+    log.error(
+        "circuit breaker %s: %s",
+        "opened" if trip.enforced else "would open (no disruptive action is enforced)",
+        trip.reason,
+        extra={"fields": {"reason": trip.reason, "enforced": trip.enforced}},
+    )
+    reason: Reason = "CircuitBreakerOpened" if trip.enforced else "WouldOpenCircuitBreaker"
+    events.record(regarding, reason, trip.reason, action="OpenCircuitBreaker", warning=True)
 
 
 class NodeHealth:
@@ -121,6 +130,7 @@ class NodeHealth:
         name = str(change.key)
         if change.new is None:
             self.ledger.forget(name)
+            self._reported_errors.discard(name)
         else:
             self.ledger.classify(change.new, self.policy())
         self.controller.enqueue(name)
@@ -142,7 +152,9 @@ class NodeHealth:
         if facts is None:
             self.ledger.forget(name)
             return Result()
-        if facts.record_error and name not in self._reported_errors:
+        if not facts.record_error:
+            self._reported_errors.discard(name)  # a record that breaks again is reported again
+        elif name not in self._reported_errors:
             self._reported_errors.add(name)
             log.warning("node %s: %s; it is read as no record", name, facts.record_error)
         policy = self.policy()
@@ -160,7 +172,7 @@ class NodeHealth:
         previous = self.ledger.entry(name)
         plan = health.plan_node(facts, pods, policy, fleet, now, record)
         self.ledger.update(name, plan, persisted=persist, now=now)
-        if not breaker.open and self._trips(plan, policy, now, breaker.closed_at):
+        if not breaker.open and self._trips(facts, plan, policy):
             plan = health.plan_node(facts, pods, policy, replace(fleet, breaker_open=True), now, record)
             self.ledger.update(name, plan, persisted=persist, now=now)
         if (
@@ -195,31 +207,17 @@ class NodeHealth:
         entry = self.ledger.entry(facts.name)
         return memory if memory is not None and entry is not None and entry.hands_off else facts.record
 
-    def _trips(
-        self, plan: NodePlan, policy: Policy, now: datetime.datetime, closed_at: datetime.datetime | None
-    ) -> bool:
+    def _trips(self, facts: NodeFacts, plan: NodePlan, policy: Policy) -> bool:
+        """Logs the node with the breaker when it became due, and asks the breaker; True when it opened
+        now (an audit trip holds nothing)."""
         if plan.hands_off or plan.record is None or plan.record.unhealthy_since is None:
             return False
-        demand = self.ledger.unhealthy_since()
-        fleet = self.ledger.fleet_size()
-        if not health.breaker_trips(demand, fleet, policy, now, closed_at):
+        self.breaker.became_due(facts.name, facts.uid, plan.record.unhealthy_since)
+        trip = self.breaker.evaluate(policy, self.ledger.fleet_size(), enforced=disrupts(policy))
+        if trip is None:
             return False
-        breaker = policy.health.circuitBreaker
-        reason = (
-            f"{sum(1 for t in demand if t >= now - datetime.timedelta(seconds=breaker.windowSeconds))} of {fleet}"
-            f" accelerator nodes became due for remediation within {breaker.windowSeconds} s;"
-            f" circuitBreaker.maxNodes {breaker.maxNodes} allows {scaled_count(breaker.maxNodes, fleet)}"
-        )
-        enforced = disrupts(policy)
-        if not self.breaker.trip(reason, persist=enforced):
-            return False
-        self.registry.inc(series.REMEDIATIONS, "breaker", "done" if enforced else "would")
-        log.error("circuit breaker opened: %s", reason, extra={"fields": {"reason": reason}})
-        reason_name: Reason = "CircuitBreakerOpened" if enforced else "WouldOpenCircuitBreaker"
-        self.events.record(
-            _ref(plan.assessment.node), reason_name, reason, action="OpenCircuitBreaker", warning=True
-        )
-        return True
+        announce(trip, _ref(facts.name, facts.uid), self.events, self.registry)
+        return trip.enforced
 
     def _write(self, facts: NodeFacts, plan: NodePlan, *, persist: bool, now: datetime.datetime) -> None:
         version = facts.resource_version

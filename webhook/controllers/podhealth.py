@@ -7,8 +7,11 @@ without counting it against `backoffLimit`. A refused eviction (429) is retried 
 reported stuck after `health.eviction.timeoutSeconds`; it is never turned into a delete.
 
 Pods are evicted for a device they hold that is Unhealthy (or Unknown for long enough), or because
-their node is drained. The breaker, the pause, the node's exclusion label and the per-node and
-per-namespace rate limits hold evictions back; a namespace's `health` mode says whether they happen.
+their node is drained. Only pods of nodes the node controller remediates: a node the cache knows,
+selected by `health.nodeSelector`, an accelerator node. The pause, the node's exclusion label, the
+breaker and the per-node and per-namespace rate limits hold evictions back; a namespace's `health`
+mode says whether they happen. A pod evicted for its device makes its node count as due with the
+breaker (once per node), so a fleet-wide false signal on pods opens it as one on nodes does.
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, EvictionRateLimits
+from webhook.controllers.fleet import Breaker, EvictionRateLimits, disrupts
+from webhook.controllers.nodehealth import announce
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import EvictionOutcome
 from webhook.metrics import Registry
 from webhook.policy import health
-from webhook.policy.health import EXCLUDE_LABEL, HELD_RECHECK_SECONDS, NodeFacts, PodFacts, PodVerdict
+from webhook.policy.health import HELD_RECHECK_SECONDS, NodeFacts, PodFacts, PodVerdict
 from webhook.policy.model import Policy
 
 WORKERS = 2
@@ -55,6 +59,7 @@ class PodHealth:
         nodes: Informer[NodeFacts],
         namespace_labels: Callable[[str], Mapping[str, str] | None],
         breaker: Breaker,
+        fleet_size: Callable[[], int],
         limits: EvictionRateLimits,
         policy: Callable[[], Policy],
         evictions: Evictions,
@@ -67,6 +72,7 @@ class PodHealth:
         self.nodes = nodes
         self.namespace_labels = namespace_labels
         self.breaker = breaker
+        self.fleet_size = fleet_size
         self.limits = limits
         self.policy = policy
         self.evictions = evictions
@@ -122,44 +128,71 @@ class PodHealth:
             with self._lock:
                 self._attempts.pop(key, None)
             return Result(requeue_after=verdict.requeue_after)
+        if node is not None and not health.is_accelerator_node(node, policy):
+            # Outside what gpuguard remediates (health.nodeSelector): not its pod to evict, nor to
+            # speak of. Looked at again: the node may be relabelled into scope.
+            return Result(requeue_after=HELD_RECHECK_SECONDS)
         mode = policy.health_mode("evict", pod.namespace, self.namespace_labels(pod.namespace))
         if mode == "off":
             return Result()
+        held = self._held(pod, node, policy)
+        # A drained node counted as due when the node controller decided the drain.
+        if not held and node is not None and verdict.reason != "NodeDrain":
+            held = self._count_due(node, policy, enforced=mode == "enforce" or disrupts(policy), now=now)
         if mode != "enforce":
             self._record(
                 pod, "WouldEvictPod", f"would evict ({mode} mode): {verdict.message}", warning=mode == "warn"
             )
             self.registry.inc(series.REMEDIATIONS, "evict", "would")
             return Result()
-        held = self._held(pod, node, policy)
         if held:
             self._record(pod, "EvictionHeld", f"eviction held: {held}; {verdict.message}", warning=True)
             self.registry.inc(series.REMEDIATIONS, "evict", "held")
             return Result(requeue_after=HELD_RECHECK_SECONDS)
-        wait = self.limits.wait(pod.node, pod.namespace, policy)
+        wait = self.limits.reserve(pod.node, pod.namespace, policy)
         if wait > 0:
             return Result(requeue_after=wait)
-        return self._evict(key, pod, verdict, policy, now)
+        outcome = None
+        try:
+            outcome = self.evictions.evict(pod.namespace, pod.name, pod.uid)
+        finally:
+            if outcome is None or outcome.result != "evicted":
+                self.limits.release(pod.node, pod.namespace)  # no eviction happened: the slot is free
+        return self._evicted(key, pod, verdict, outcome, policy, now)
+
+    def _count_due(self, node: NodeFacts, policy: Policy, *, enforced: bool, now: datetime.datetime) -> str:
+        """Logs the node as due with the breaker; "circuit breaker open" when that opened it."""
+        self.breaker.became_due(node.name, node.uid, now)
+        trip = self.breaker.evaluate(policy, self.fleet_size(), enforced=enforced)
+        if trip is None:
+            return ""
+        announce(trip, ObjectRef("v1", "Node", "", node.name, node.uid), self.events, self.registry)
+        return "circuit breaker open" if trip.enforced else ""
 
     def _held(self, pod: PodFacts, node: NodeFacts | None, policy: Policy) -> str:
-        if policy.health.paused:
-            return "remediation is paused (health.paused)"
-        if node is not None and node.labels.get(EXCLUDE_LABEL) == "true":
-            return f"node {node.name} is labelled {EXCLUDE_LABEL}=true"
+        if node is None:
+            return f"node {pod.node} is not known yet, nor its labels"
+        left_alone = health.left_alone(node, policy)
+        if left_alone:
+            return left_alone
         if self.breaker.state.open:
             return "circuit breaker open"
         return ""
 
-    def _evict(
-        self, key: str, pod: PodFacts, verdict: PodVerdict, policy: Policy, now: datetime.datetime
+    def _evicted(
+        self,
+        key: str,
+        pod: PodFacts,
+        verdict: PodVerdict,
+        outcome: EvictionOutcome,
+        policy: Policy,
+        now: datetime.datetime,
     ) -> Result:
-        outcome = self.evictions.evict(pod.namespace, pod.name, pod.uid)
         if outcome.result == "gone":
             self._forget(key)
             return Result()
         if outcome.result == "evicted":
             self._forget(key)
-            self.limits.taken(pod.node, pod.namespace)
             self.registry.inc(series.REMEDIATIONS, "evict", "done")
             self._record(
                 pod, "PodEvicted", f"evicted through the Eviction API: {verdict.message}", warning=True

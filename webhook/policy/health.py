@@ -439,6 +439,16 @@ def is_accelerator_node(node: NodeFacts, policy: Policy) -> bool:
     return any(label in node.labels for label in accelerators.nodeLabels)
 
 
+def left_alone(node: NodeFacts, policy: Policy) -> str:
+    """Why gpuguard writes nothing to this node and evicts none of its pods (excluded, paused); ""
+    when it may act. The node controller and the pod watcher both ask this."""
+    if node.labels.get(EXCLUDE_LABEL) == "true":
+        return f"the node is labelled {EXCLUDE_LABEL}=true"
+    if policy.health.paused:
+        return "remediation is paused (health.paused)"
+    return ""
+
+
 def is_accelerator_pod(pod: PodFacts, policy: Policy) -> bool:
     accelerators = policy.accelerators
     return any(
@@ -704,12 +714,7 @@ def plan_node(
     if not assessment.accelerator and assessment.state == "healthy":
         return NodePlan(assessment, None, *keep.values(), (), "", "", None)
 
-    hands_off = ""
-    if node.labels.get(EXCLUDE_LABEL) == "true":
-        hands_off = f"the node is labelled {EXCLUDE_LABEL}=true"
-    elif health.paused:
-        hands_off = "remediation is paused (health.paused)"
-
+    hands_off = left_alone(node, policy)
     record = _bookkeeping(record, assessment, now)
     steps: list[Step] = []
     wanted = keep
@@ -1048,8 +1053,26 @@ def eviction_retry_seconds(policy: Policy, attempts: int) -> float:
 # --- circuit breaker ---------------------------------------------------------------------------------
 
 
+def breaker_demand(
+    became_due: Iterable[datetime.datetime],
+    policy: Policy,
+    now: datetime.datetime,
+    closed_at: datetime.datetime | None = None,
+) -> int:
+    """How many of these nodes became due for remediation within circuitBreaker.windowSeconds and
+    since an operator last closed the breaker."""
+    start = now - datetime.timedelta(seconds=policy.health.circuitBreaker.windowSeconds)
+    if closed_at is not None:
+        start = max(start, closed_at)
+    return sum(1 for moment in became_due if moment >= start)
+
+
+def breaker_allows(policy: Policy, fleet_nodes: int) -> int:
+    return scaled_count(policy.health.circuitBreaker.maxNodes, fleet_nodes)
+
+
 def breaker_trips(
-    unhealthy_since: Iterable[datetime.datetime],
+    became_due: Iterable[datetime.datetime],
     fleet_nodes: int,
     policy: Policy,
     now: datetime.datetime,
@@ -1057,9 +1080,4 @@ def breaker_trips(
 ) -> bool:
     """More than circuitBreaker.maxNodes nodes became due for remediation within its window (and since
     an operator last closed the breaker): something fleet-wide is wrong, stop and ask a human."""
-    breaker = policy.health.circuitBreaker
-    start = now - datetime.timedelta(seconds=breaker.windowSeconds)
-    if closed_at is not None:
-        start = max(start, closed_at)
-    recent = sum(1 for moment in unhealthy_since if moment >= start)
-    return recent > scaled_count(breaker.maxNodes, fleet_nodes)
+    return breaker_demand(became_due, policy, now, closed_at) > breaker_allows(policy, fleet_nodes)
