@@ -258,7 +258,7 @@ def test_a_close_without_a_time_of_its_own_takes_now_and_the_leader_writes_it() 
     store.data = dict(patched)
     assert breaker.observe(patched)
     assert (breaker.state.closed_at, breaker.state.closed_by) == (later(10), "an edit of the ConfigMap")
-    breaker.persist()
+    breaker.persist(BREAKER)
     assert BreakerState.from_data(store.data).closed_at == later(10)
     # Nodes due before the close do not reopen it, and a republish keeps the same close.
     for name in ("b", "c"):
@@ -345,3 +345,35 @@ def test_rate_limits_forget_nodes_and_namespaces_without_recent_evictions() -> N
     clock[0] += 61
     assert limits.reserve("n", "ns", policy) == 0
     assert len(limits._times) == 2
+
+
+def test_the_leader_writes_back_an_open_state_the_configmap_lost_and_nothing_else() -> None:
+    store = MemoryConfigMap()
+    breaker = Breaker(store, lambda: NOW)
+    for name in ("a", "b", "c"):
+        breaker.became_due(name, f"uid-{name}", later(-60))
+    assert breaker.evaluate(BREAKER, 10, enforced=True) is not None
+    assert store.data is not None
+    breaker.observe(store.data)
+    version = store.version
+    breaker.persist(BREAKER)
+    assert store.version == version  # the ConfigMap says it all
+    # Deleted by hand: still open (only a close closes it), and written back so `reset-breaker` sees it.
+    store.data = None
+    assert not breaker.observe(None) and breaker.state.open
+    breaker.persist(BREAKER)
+    assert store.data is not None and BreakerState.from_data(store.data).open
+
+
+def test_the_written_log_keeps_only_what_can_still_count() -> None:
+    clock = Clock()
+    stale = "2026-03-01T11:00:00.000Z old uid-old"
+    store = MemoryConfigMap({"state": "closed", DUE_LOG_KEY: stale})
+    breaker = Breaker(store, clock)
+    breaker.observe(store.data)
+    breaker.became_due("new", "uid-new", NOW)
+    breaker.flush(BREAKER)
+    assert store.data is not None and store.data[DUE_LOG_KEY] == "2026-03-01T12:00:00.000Z new uid-new"
+    version = store.version
+    breaker.flush(BREAKER)
+    assert store.version == version  # nothing new: nothing written

@@ -358,6 +358,8 @@ class Breaker:
         self.store = store
         self.clock = clock
         self._state = BreakerState()
+        # What the ConfigMap said when last seen.
+        self._seen = BreakerState()
         self._would_open = ""
         self._log: dict[NodeKey, datetime.datetime] = {}
         # Logged here and not yet in the ConfigMap.
@@ -416,7 +418,7 @@ class Breaker:
                 if count <= allowed:
                     self._would_open = ""
                     return None
-                since_close = known.closed_at is not None and known.closed_at > now - _window(policy)
+                since_close = health.breaker_counts_from(policy, now, known.closed_at) == known.closed_at
                 reason = (
                     f"{count} of {fleet_nodes} accelerator nodes became due for remediation within "
                     f"{policy.health.circuitBreaker.windowSeconds} s"
@@ -440,7 +442,7 @@ class Breaker:
         if not health.breaker_trips(log.values(), fleet_nodes, policy, now, seen.closed_at):
             return None  # an operator closed it after the decision: the close stands
         opened = BreakerState(True, now, reason, seen.closed_at, seen.closed_by).written()
-        self._write(stored, opened, log)
+        self._write(stored, opened, log, policy)
         return Trip(reason, enforced=True)
 
     def flush(self, policy: Policy) -> None:
@@ -457,12 +459,15 @@ class Breaker:
             with self._lock:
                 state = _newer(self._state, BreakerState.from_data(stored.data), self.clock())
                 log = _merged(_log_of(stored.data.get(DUE_LOG_KEY, "")), self._log)
-            self._write(stored, state, log)
+            self._write(stored, state, log, policy)
 
-    def persist(self) -> None:
+    def persist(self, policy: Policy) -> None:
         """Writes what this replica holds when the ConfigMap says less: the close time it gave a close
         that carried none (so every replica counts from the same moment), or its open state over a
         ConfigMap that lost it (deleted, or replaced without openedAt). For the leader."""
+        with self._lock:
+            if self._state.written() == self._seen or not self._state.ever_opened:
+                return  # the ConfigMap, as last seen, says it all
         with self._writing:
             stored = self.store.read()
             seen = BreakerState.from_data(stored.data)
@@ -470,14 +475,20 @@ class Breaker:
                 state = _newer(self._state, seen, self.clock()).written()
                 log = _merged(_log_of(stored.data.get(DUE_LOG_KEY, "")), self._log)
             if state != seen and state.ever_opened:
-                self._write(stored, state, log)
+                self._write(stored, state, log, policy)
 
     def _write(
-        self, stored: StoredState, state: BreakerState, log: Mapping[NodeKey, datetime.datetime]
+        self,
+        stored: StoredState,
+        state: BreakerState,
+        log: Mapping[NodeKey, datetime.datetime],
+        policy: Policy,
     ) -> None:
+        """Writes the state and the log (what of it can still count) at the version read."""
+        start = health.breaker_counts_from(policy, self.clock(), state.closed_at)
         data = {key: value for key, value in stored.data.items() if key not in STATE_KEYS}
         data.update(state.to_data())
-        data[DUE_LOG_KEY] = _log_text(log)
+        data[DUE_LOG_KEY] = _log_text({key: moment for key, moment in log.items() if moment >= start})
         self.store.write(data, stored)
         with self._lock:
             self._state = state.written()
@@ -492,6 +503,7 @@ class Breaker:
         breaker. Its log replaces this replica's, but for lines not yet written."""
         seen = BreakerState.from_data(data or {})
         with self._lock:
+            self._seen = seen
             known = self._state
             self._state = _newer(known, seen, self.clock())
             if data is not None:
@@ -500,15 +512,10 @@ class Breaker:
 
     def _prune(self, policy: Policy, now: datetime.datetime) -> None:
         """Forgets what can no longer count: before the window, or before the last close."""
-        start = _latest(now - _window(policy), self._state.closed_at)
-        assert start is not None
+        start = health.breaker_counts_from(policy, now, self._state.closed_at)
         for log in (self._log, self._unwritten):
             for key in [key for key, moment in log.items() if moment < start]:
                 del log[key]
-
-
-def _window(policy: Policy) -> datetime.timedelta:
-    return datetime.timedelta(seconds=policy.health.circuitBreaker.windowSeconds)
 
 
 # --- eviction rate limits ----------------------------------------------------------------------------

@@ -269,7 +269,7 @@ class ControllerManager:
         """The leader writes the close time it gave a close that carried none, or the open state a
         ConfigMap lost; a failure is tried again on the next change or leadership."""
         try:
-            self.breaker.persist()
+            self.breaker.persist(self.store.policy)
         except Exception as exc:
             log.warning("could not write the circuit breaker's state: %s", exc)
 

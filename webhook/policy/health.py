@@ -1053,6 +1053,14 @@ def eviction_retry_seconds(policy: Policy, attempts: int) -> float:
 # --- circuit breaker ---------------------------------------------------------------------------------
 
 
+def breaker_counts_from(
+    policy: Policy, now: datetime.datetime, closed_at: datetime.datetime | None
+) -> datetime.datetime:
+    """From when a node that became due counts for the breaker: its window, cut at its last close."""
+    start = now - datetime.timedelta(seconds=policy.health.circuitBreaker.windowSeconds)
+    return max(start, closed_at) if closed_at is not None else start
+
+
 def breaker_demand(
     became_due: Iterable[datetime.datetime],
     policy: Policy,
@@ -1061,9 +1069,7 @@ def breaker_demand(
 ) -> int:
     """How many of these nodes became due for remediation within circuitBreaker.windowSeconds and
     since an operator last closed the breaker."""
-    start = now - datetime.timedelta(seconds=policy.health.circuitBreaker.windowSeconds)
-    if closed_at is not None:
-        start = max(start, closed_at)
+    start = breaker_counts_from(policy, now, closed_at)
     return sum(1 for moment in became_due if moment >= start)
 
 
