@@ -496,6 +496,74 @@ def test_more_failing_nodes_than_the_budget_only_the_budget_is_acted_on_and_the_
     assert controllers.metric("gpuguard_circuit_breaker_open") == 0
 
 
+def breaker_data(cluster: ControlPlane) -> dict[str, str]:
+    found = cluster.kubectl(
+        "get", "configmap", STATE_CONFIGMAP, "-n", NAMESPACE, "--ignore-not-found", "-o", "json"
+    ).stdout
+    data: dict[str, str] = json.loads(found).get("data") or {} if found.strip() else {}
+    return data
+
+
+def due_nodes(cluster: ControlPlane) -> list[str]:
+    return [line.split()[1] for line in breaker_data(cluster).get("dueNodes", "").splitlines()]
+
+
+def test_nodes_replaced_after_they_became_due_open_the_breaker_across_a_failover_and_a_kubectl_close_sticks(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    # A rolling fault: each failing node is drained and replaced (deleted) before the next fails. The
+    # breaker's log in its ConfigMap keeps them, so a new leader opens it at the third.
+    policy = fast_policy(test_id, circuitBreaker={"maxNodes": 2})
+    controllers = start(policy, "a")
+    nodes = [kubelet.node(f"{test_id}-{i}", pool=test_id) for i in range(4)]
+    for name in nodes[:2]:
+        kubelet.devices(name, capacity=8, allocatable=6)
+        eventually(lambda name=name: TAINT in taints(cluster, name), what="acted on", processes=[controllers])  # type: ignore[misc]
+        eventually(lambda name=name: name in due_nodes(cluster), what="logged", processes=[controllers])  # type: ignore[misc]
+        cluster.kubectl("delete", "node", name)
+    assert breaker_data(cluster)["state"] == "closed"
+
+    controllers.stop()
+    controllers = start(policy, "b")
+    third = nodes[2]
+    kubelet.devices(third, capacity=8, allocatable=6)
+    eventually(lambda: breaker_state(cluster) == "open", what="the breaker open", processes=[controllers])
+    assert "3 of " in breaker_data(cluster)["reason"]
+    eventually(
+        lambda: "RemediationHeld" in reasons(cluster, kind="Node", name=third),
+        what="the third node held",
+        processes=[controllers],
+    )
+    assert TAINT not in taints(cluster, third)
+
+    # The documented kubectl close: the leader gives it a time after the opening and writes it back,
+    # and the nodes that were due before it do not open the breaker again.
+    cluster.kubectl(
+        "patch",
+        "configmap",
+        STATE_CONFIGMAP,
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        '{"data":{"state":"closed"}}',
+    )
+    eventually(
+        lambda: breaker_data(cluster).get("closedAt", "") > breaker_data(cluster)["openedAt"],
+        what="the close time written back",
+        processes=[controllers],
+    )
+    assert breaker_data(cluster)["closedBy"] == "an edit of the ConfigMap"
+    eventually(
+        lambda: TAINT in taints(cluster, third), what="the held node acted on", processes=[controllers]
+    )
+    assert breaker_state(cluster) == "closed"
+    assert controllers.metric("gpuguard_circuit_breaker_open") == 0
+    assert "CircuitBreakerClosed" in reasons(
+        cluster, kind="ConfigMap", name=STATE_CONFIGMAP, namespace=NAMESPACE
+    )
+
+
 def test_an_excluded_node_gets_events_and_no_writes(
     cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
 ) -> None:

@@ -164,16 +164,20 @@ def test_audit_mode_sends_no_write_at_all() -> None:
     assert flushed(loop, sent) == ["WouldMarkDeviceUnhealthy", "WouldTaintNode"]
 
 
-def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
-    policy = make_policy(
+def breaking_at(max_nodes: int) -> Policy:
+    return make_policy(
         {
             "health": {
                 "mode": "enforce",
                 "signals": {"deviceGap": {"forSeconds": 0}},
-                "circuitBreaker": {"maxNodes": 1},
+                "circuitBreaker": {"maxNodes": max_nodes},
             }
         }
     )
+
+
+def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
+    policy = breaking_at(1)
     earlier = NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
     ledger, breaker = Ledger(), Breaker(NoStore(), lambda: NOW)
     seeded = [health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))]
@@ -229,15 +233,7 @@ def test_a_node_left_alone_keeps_its_signals_timed_in_memory() -> None:
 def test_nodes_replaced_after_they_became_due_still_count_for_the_breaker() -> None:
     # The review's rolling fault: each node due is drained and replaced (deleted) before the next.
     # The ledger forgets a deleted node (its budget place is free); the breaker's log does not.
-    policy = make_policy(
-        {
-            "health": {
-                "mode": "enforce",
-                "signals": {"deviceGap": {"forSeconds": 0}},
-                "circuitBreaker": {"maxNodes": 2},
-            }
-        }
-    )
+    policy = breaking_at(2)
     breaker = Breaker(NoStore(), lambda: NOW)
     ledger = Ledger()
     for i in range(3):
