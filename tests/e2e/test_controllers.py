@@ -621,6 +621,42 @@ def test_audit_mode_records_what_it_would_do_and_writes_nothing_until_enforced(
     kubelet.finish_deletion(ns, "trainer")
 
 
+def test_a_breaker_tripped_in_audit_holds_nothing_and_opens_where_reset_breaker_sees_it_once_enforced(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    audit = fast_policy(test_id, mode="audit", circuitBreaker={"maxNodes": 1})
+    controllers = start(audit)
+    failing = [kubelet.node(f"{test_id}-{i}", pool=test_id) for i in range(2)]
+    for name in failing:
+        kubelet.devices(name, capacity=8, allocatable=6)
+    eventually(
+        lambda: any("WouldOpenCircuitBreaker" in reasons(cluster, kind="Node", name=n) for n in failing),
+        what="the breaker said to open",
+        processes=[controllers],
+    )
+    assert breaker_state(cluster) is None and controllers.metric("gpuguard_circuit_breaker_open") == 0
+    # Nothing is held, and the reset says so.
+    assert "not open" in gpuguard_cli(cluster, "nodes", "reset-breaker").stdout
+
+    # Enforced: the same nodes open it for real before anything is acted on, in its ConfigMap.
+    controllers.write_policy(fast_policy(test_id, circuitBreaker={"maxNodes": 1}))
+    eventually(lambda: breaker_state(cluster) == "open", what="the breaker open", processes=[controllers])
+    eventually(
+        lambda: all(own_condition(cluster, name) is not None for name in failing),
+        what="the conditions written",
+        processes=[controllers],
+    )
+    assert all(TAINT not in taints(cluster, name) for name in failing)
+    reset = gpuguard_cli(cluster, "nodes", "reset-breaker")
+    assert reset.returncode == 0 and reset.stdout.strip() == "circuit breaker closed", reset.stderr
+    eventually(
+        lambda: all(TAINT in taints(cluster, name) for name in failing),
+        what="the nodes acted on after the reset",
+        processes=[controllers],
+    )
+    assert breaker_state(cluster) == "closed"
+
+
 # --- leadership and restarts ---------------------------------------------------------------------------
 
 
