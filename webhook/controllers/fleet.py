@@ -4,8 +4,9 @@ rate limits. Shared by the node health controller, the pod device-health watcher
 probes, so every method is safe from any thread.
 
 The ledger mirrors the records kept on the nodes (`gpuguard.io/remediation`) and, in audit and warn
-mode where nothing is written, holds those records in memory: the budget and the breaker then count
-what enforce mode would have done.
+mode where nothing is written, holds those records in memory: the budget then counts what enforce
+mode would have done. The breaker keeps its own log of the nodes that became due, since the ledger
+forgets a node that recovers or is deleted, and a breaker must not.
 """
 
 from __future__ import annotations

@@ -80,8 +80,18 @@ def announce(trip: Trip, regarding: ObjectRef, events: EventRecorder, registry: 
         trip.reason,
         extra={"fields": {"reason": trip.reason, "enforced": trip.enforced}},
     )
-    reason: Reason = "CircuitBreakerOpened" if trip.enforced else "WouldOpenCircuitBreaker"
-    events.record(regarding, reason, trip.reason, action="OpenCircuitBreaker", warning=True)
+    if trip.enforced:
+        reason: Reason = "CircuitBreakerOpened"
+        note = (
+            f"{trip.reason}. Nothing new is tainted, cordoned, drained or evicted until an operator"
+            " closes it (gpuguard nodes reset-breaker); recovery goes on"
+        )
+    else:
+        reason, note = (
+            "WouldOpenCircuitBreaker",
+            f"{trip.reason}. No disruptive action is enforced: nothing is held",
+        )
+    events.record(regarding, reason, note, action="OpenCircuitBreaker", warning=True)
 
 
 class NodeHealth:
