@@ -93,6 +93,8 @@ def reset_breaker(api: ApiClient, namespace: str, now: datetime.datetime) -> Bre
     state = BreakerState.from_data(stored.data)
     if not state.open:
         return None
-    closed = BreakerState(False, state.opened_at, state.reason, now, getpass.getuser())
+    # After the opening whatever this machine's clock says: a close dated before it is no close of it.
+    closed_at = max(now, state.opened_at + datetime.timedelta(milliseconds=1)) if state.opened_at else now
+    closed = BreakerState(False, state.opened_at, state.reason, closed_at, getpass.getuser())
     store.write({**stored.data, **closed.to_data()}, stored)
     return closed
