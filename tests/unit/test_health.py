@@ -570,14 +570,6 @@ def test_a_pod_on_an_unhealthy_device_is_evicted_and_its_neighbour_is_not() -> N
     assert not health.pod_verdict(pod(name="neighbour", devices=[("GPU-2", "Healthy")]), ENFORCE, NOW).evict
 
 
-def test_a_device_reported_unknown_evicts_only_once_it_persisted() -> None:
-    unknown = pod(devices=[("GPU-1", "Unknown")])
-    assert health.has_unknown_device(unknown)
-    waiting = health.pod_verdict(unknown, ENFORCE, NOW, unknown_since=later(-100))
-    assert not waiting.evict and waiting.requeue_after == pytest.approx(200)
-    assert health.pod_verdict(unknown, ENFORCE, NOW, unknown_since=later(-300)).reason == "DeviceUnknown"
-
-
 def test_a_claim_device_counts_for_the_pod_that_holds_the_claim() -> None:
     claimed = pod(
         gpus=0, claims=["gpu"], devices=[("claim:gpu/req-0 gpu.nvidia.com/pool/gpu-0", "Unhealthy")]

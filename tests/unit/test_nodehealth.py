@@ -14,6 +14,7 @@ from typing import Any
 
 from webhook.controllers.fleet import Breaker, Ledger, PodIndex
 from webhook.controllers.nodehealth import CONFLICT_RECHECK_SECONDS, NodeHealth
+from webhook.controllers.podhealth import DeviceReports
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer, ListPage
 from webhook.kube.remediation import ConflictError, NotFoundError, StoredState
@@ -89,6 +90,7 @@ def controller(
         nodes=node_informer,
         pods=pod_informer,
         index=PodIndex(),
+        reports=DeviceReports(),
         ledger=ledger,
         breaker=breaker,
         policy=lambda: policy,

@@ -24,7 +24,7 @@ from webhook import probes
 from webhook.controllers import series
 from webhook.controllers.fleet import Breaker, EvictionRateLimits, Ledger, PodIndex
 from webhook.controllers.nodehealth import NodeHealth
-from webhook.controllers.podhealth import PodHealth
+from webhook.controllers.podhealth import DeviceReports, PodHealth
 from webhook.kube import facts, remediation
 from webhook.kube.client import ApiClient, api_client, metadata_of
 from webhook.kube.events import EventRecorder, ObjectRef, api_sender
@@ -125,10 +125,13 @@ class ControllerManager:
         self.informers: list[Informer[Any]] = [self.nodes, self.pods, self.namespaces, self.state]
         self.ledger = Ledger()
         self.index = PodIndex()
+        self.reports = DeviceReports()
         self.breaker = Breaker(remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP), _now)
         self.pod_health = PodHealth(
             pods=self.pods,
             nodes=self.nodes,
+            index=self.index,
+            reports=self.reports,
             namespace_labels=self._namespace_labels,
             breaker=self.breaker,
             limits=EvictionRateLimits(clock=lambda: _now().timestamp()),
@@ -143,6 +146,7 @@ class ControllerManager:
             nodes=self.nodes,
             pods=self.pods,
             index=self.index,
+            reports=self.reports,
             ledger=self.ledger,
             breaker=self.breaker,
             policy=lambda: self.store.policy,
@@ -230,6 +234,8 @@ class ControllerManager:
         return self.registry.render() + "".join(runnable.metrics.render() for runnable in self.runnables)
 
     def _pod_changed(self, change: Change[PodFacts]) -> None:
+        # Remembered before either controller is enqueued: neither decides on a status not yet counted.
+        self.reports.observe(change)
         self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
         self.pod_health.pod_changed(change)
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from webhook.controllers import series
 from webhook.controllers.fleet import Breaker, Ledger, PodIndex
+from webhook.controllers.podhealth import DeviceReports
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
@@ -82,6 +83,7 @@ class NodeHealth:
         nodes: Informer[NodeFacts],
         pods: Informer[PodFacts],
         index: PodIndex,
+        reports: DeviceReports,
         ledger: Ledger,
         breaker: Breaker,
         policy: Callable[[], Policy],
@@ -95,6 +97,7 @@ class NodeHealth:
         self.nodes = nodes
         self.pods = pods
         self.index = index
+        self.reports = reports
         self.ledger = ledger
         self.breaker = breaker
         self.policy = policy
@@ -149,7 +152,8 @@ class NodeHealth:
         now = self.clock()
         persist = persists(policy)
         record = self._record(facts, persist)
-        pods = [pod for key in self.index.keys_on(name) if (pod := self.pods.get(key)) is not None]
+        cached = (self.pods.get(key) for key in self.index.keys_on(name))
+        pods = [self.reports.of(pod) for pod in cached if pod is not None]
         pool = policy.health.pool_of(facts.labels)
         breaker = self.breaker.state
         fleet = Fleet(

@@ -6,9 +6,10 @@ and the Job's `DisruptionTarget -> Ignore` rule (gpuguard's webhook injects it) 
 without counting it against `backoffLimit`. A refused eviction (429) is retried with backoff and
 reported stuck after `health.eviction.timeoutSeconds`; it is never turned into a delete.
 
-Pods are evicted for a device they hold that is Unhealthy (or Unknown for long enough), or because
-their node is drained. The breaker, the pause, the node's exclusion label and the per-node and
-per-namespace rate limits hold evictions back; a namespace's `health` mode says whether they happen.
+Pods are evicted for an accelerator device they hold that is Unhealthy (or Unknown for long enough,
+after it was reported Healthy or Unhealthy: `DeviceReports`), or because their node is drained. The
+breaker, the pause, the node's exclusion label and the per-node and per-namespace rate limits hold
+evictions back; a namespace's `health` mode says whether they happen.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, EvictionRateLimits
+from webhook.controllers.fleet import Breaker, EvictionRateLimits, PodIndex
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
@@ -40,6 +41,35 @@ class Evictions(Protocol):
     def evict(self, namespace: str, name: str, uid: str) -> EvictionOutcome: ...
 
 
+class DeviceReports:
+    """The DRA devices each pod's status has reported Healthy or Unhealthy, by pod uid, pruned when the
+    pod goes: what makes a later Unknown for the same device mean something (`PodFacts.reported`).
+    Fed every pod change before either controller is enqueued for it, read by both.
+
+    Kept in memory only. A restart (or a new leader) starts empty and learns again from the statuses it
+    sees, so a device already Unknown then does not count until it reports again: that errs towards not
+    acting, never towards evicting.
+    """
+
+    def __init__(self) -> None:
+        self._by_uid: dict[str, frozenset[tuple[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, change: Change[PodFacts]) -> None:
+        old, new = change.old, change.new
+        with self._lock:
+            if old is not None and (new is None or new.uid != old.uid):
+                self._by_uid.pop(old.uid, None)
+            if new is not None and new.reported:
+                self._by_uid[new.uid] = self._by_uid.get(new.uid, frozenset()) | new.reported
+
+    def of(self, pod: PodFacts) -> PodFacts:
+        """The pod as the verdicts read it: with what its earlier statuses reported."""
+        with self._lock:
+            earlier = self._by_uid.get(pod.uid, frozenset())
+        return health.with_reported(pod, earlier)
+
+
 @dataclass
 class _Attempts:
     first: datetime.datetime
@@ -53,6 +83,8 @@ class PodHealth:
         *,
         pods: Informer[PodFacts],
         nodes: Informer[NodeFacts],
+        index: PodIndex,
+        reports: DeviceReports,
         namespace_labels: Callable[[str], Mapping[str, str] | None],
         breaker: Breaker,
         limits: EvictionRateLimits,
@@ -65,6 +97,8 @@ class PodHealth:
     ) -> None:
         self.pods = pods
         self.nodes = nodes
+        self.index = index
+        self.reports = reports
         self.namespace_labels = namespace_labels
         self.breaker = breaker
         self.limits = limits
@@ -102,21 +136,28 @@ class PodHealth:
         return node.record.draining_since is not None and node.record.cancelled_at is None
 
     def reconcile(self, key: str) -> Result:
-        pod = self.pods.get(key)
-        if pod is None:
+        cached = self.pods.get(key)
+        if cached is None:
             self._forget(key)
             return Result()
+        pod = self.reports.of(cached)
         policy = self.policy()
         now = self.clock()
         node = self.nodes.get(pod.node) if pod.node else None
+        settled = self._driver_settled(pod, policy, now)
         with self._lock:
-            if health.has_unknown_device(pod):
+            if health.has_unknown_device(pod, policy, driver_settled=settled):
                 unknown_since = self._unknown_since.setdefault(key, now)
             else:
                 unknown_since = None
                 self._unknown_since.pop(key, None)
         verdict = health.pod_verdict(
-            pod, policy, now, draining=self.draining(node, policy), unknown_since=unknown_since
+            pod,
+            policy,
+            now,
+            draining=self.draining(node, policy),
+            unknown_since=unknown_since,
+            driver_settled=settled,
         )
         if not verdict.evict:
             with self._lock:
@@ -140,6 +181,14 @@ class PodHealth:
         if wait > 0:
             return Result(requeue_after=wait)
         return self._evict(key, pod, verdict, policy, now)
+
+    def _driver_settled(self, pod: PodFacts, policy: Policy, now: datetime.datetime) -> bool:
+        """The device plugins or DRA drivers on the pod's node run settled (asked only of a pod with
+        a device that reported before and is Unknown now: the node's pods are not looked at otherwise)."""
+        if not any(d.health == "Unknown" and (d.resource, d.device) in pod.reported for d in pod.devices):
+            return False
+        node_pods = (self.pods.get(key) for key in self.index.keys_on(pod.node))
+        return health.plugins_settled((p for p in node_pods if p is not None), policy, now)
 
     def _held(self, pod: PodFacts, node: NodeFacts | None, policy: Policy) -> str:
         if policy.health.paused:
