@@ -165,8 +165,10 @@ def pod(**kwargs: Any) -> PodFacts:
     return facts
 
 
-def device_plugin(*, ready: bool = True, started: datetime.datetime | None = None) -> PodFacts:
-    return pod(
+def raw_device_plugin(
+    *, ready: bool = True, started: datetime.datetime | None = None, phase: str = "Running"
+) -> JSON:
+    return raw_pod(
         name="nvidia-device-plugin-x",
         namespace="gpu-operator",
         gpus=0,
@@ -174,7 +176,14 @@ def device_plugin(*, ready: bool = True, started: datetime.datetime | None = Non
         labels={"app": "nvidia-device-plugin-daemonset"},
         ready=ready,
         started=started,
+        phase=phase,
     )
+
+
+def device_plugin(*, ready: bool = True, started: datetime.datetime | None = None) -> PodFacts:
+    facts = health.pod_facts(raw_device_plugin(ready=ready, started=started))
+    assert facts is not None
+    return facts
 
 
 def applied(facts: NodeFacts, plan: NodePlan) -> NodeFacts:

@@ -25,6 +25,7 @@ from .test_health import (
     later,
     node,
     pod,
+    raw_device_plugin,
     raw_node,
     raw_pod,
 )
@@ -168,17 +169,7 @@ def test_a_zero_beside_another_accelerator_resource_with_capacity_is_no_vanishin
 
 def installing_plugin() -> PodFacts:
     """The GPU operator's plugin on a new node: Pending in its init containers while the driver installs."""
-    facts = health.pod_facts(
-        raw_pod(
-            name="nvidia-device-plugin-daemonset-x",
-            namespace="gpu-operator",
-            gpus=0,
-            owner="DaemonSet",
-            labels={"app": "nvidia-device-plugin-daemonset"},
-            ready=False,
-            phase="Pending",
-        )
-    )
+    facts = health.pod_facts(raw_device_plugin(ready=False, phase="Pending"))
     assert facts is not None
     return facts
 

@@ -23,7 +23,7 @@ from webhook.policy.health import NodeFacts, PodFacts
 from webhook.policy.model import Policy
 
 from .builders import make_policy
-from .test_health import raw_node, raw_pod
+from .test_health import raw_device_plugin, raw_node, raw_pod
 from .test_nodehealth import Listed, NoStore, RecordedWrites, _registry
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
@@ -39,15 +39,7 @@ def dra_pod(state: str) -> dict[str, Any]:
 
 
 def driver() -> dict[str, Any]:
-    started = NOW - datetime.timedelta(hours=1)
-    return raw_pod(
-        name="gpu-driver-x",
-        namespace="gpu-operator",
-        gpus=0,
-        owner="DaemonSet",
-        labels={"app": "nvidia-device-plugin-daemonset"},
-        started=started,
-    )
+    return raw_device_plugin(started=NOW - datetime.timedelta(hours=1))
 
 
 def facts(raw: dict[str, Any]) -> PodFacts:
