@@ -688,6 +688,11 @@ def test_either_kill_switch_turns_every_action_off(switch: dict[str, Any]) -> No
             id="duplicate-condition",
         ),
         pytest.param({"mode": "loud"}, "health.mode", id="mode"),
+        pytest.param(
+            {"signals": {"podDeviceHealth": {"unknownForSeconds": -1}}},
+            "health.signals.podDeviceHealth.unknownForSeconds",
+            id="negative-unknown-wait",
+        ),
     ],
 )
 def test_an_invalid_health_section_is_refused_naming_the_field(health_section: JSON, field: str) -> None:
