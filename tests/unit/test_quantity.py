@@ -98,4 +98,7 @@ def test_any_text_is_a_count_or_none_never_an_error(text: str) -> None:
 
 def test_a_huge_exponent_costs_nothing_and_counts_nothing() -> None:
     assert parse_quantity(f"1e{MAX_DIGITS + 1}") is None
+    assert parse_quantity("1e" + "9" * 5000) is None
+    assert parse_quantity("1" * 5000) is None
+    assert parse_quantity("1e-" + "0" * 5000 + "3") == Fraction(1, 1000)
     assert parse_quantity(f"1e{MAX_DIGITS - 1}") == 10 ** (MAX_DIGITS - 1)

@@ -33,7 +33,10 @@ def parse_quantity(text: str) -> Fraction | None:
     if not significant:
         return Fraction(0)
     if match["exponent"] is not None:
-        exponent, binary = int(match["exponent"]), 0
+        power = match["exponent"].lstrip("+-").lstrip("0") or "0"
+        if len(power) > len(str(MAX_DIGITS)):
+            return None  # far beyond MAX_DIGITS either way (and too long for int() to read)
+        exponent, binary = -int(power) if match["exponent"].startswith("-") else int(power), 0
     else:
         suffix = match["suffix"] or ""
         exponent, binary = _DECIMAL.get(suffix, 0), _BINARY.get(suffix, 0)
