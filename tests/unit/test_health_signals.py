@@ -38,8 +38,8 @@ UNKNOWN_300 = make_policy(
 )
 
 
-def dra_pod(state: str, *, reported_before: bool = False, name: str = "trainer") -> PodFacts:
-    facts = pod(name=name, gpus=0, claims=["gpu"], devices=[(f"{CLAIM} {DEVICE}", state)])
+def dra_pod(state: str, *, reported_before: bool = False) -> PodFacts:
+    facts = pod(gpus=0, claims=["gpu"], devices=[(f"{CLAIM} {DEVICE}", state)])
     return health.with_reported(facts, frozenset({(CLAIM, DEVICE)})) if reported_before else facts
 
 
