@@ -173,30 +173,27 @@ class Kubelet:
         self,
         name: str,
         *,
-        capacity: int = 8,
+        capacity: int | None = 8,
         allocatable: int | None = None,
         pool: str | None = None,
         labels: Mapping[str, str] | None = None,
         plugin: bool = True,
     ) -> str:
         """A GPU node reporting `capacity` devices, `allocatable` of them healthy, with a Ready device
-        plugin pod that has run for an hour (unless `plugin` is False)."""
+        plugin pod that has run for an hour (unless `plugin` is False). `capacity` None: no GPU resource
+        at all (a DRA or passthrough node)."""
         all_labels = {TEST_LABEL: self.test, "kubernetes.io/hostname": name, **(labels or {})}
         if pool is not None:
             all_labels[POOL_LABEL] = pool
-        devices = {GPU: str(capacity)}
+        devices = {} if capacity is None else {GPU: str(capacity)}
+        healthy = {} if capacity is None else {GPU: str(capacity if allocatable is None else allocatable)}
         node = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": name, "labels": all_labels},
             "status": {
                 "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", **devices},
-                "allocatable": {
-                    "cpu": "31",
-                    "memory": "250Gi",
-                    "pods": "110",
-                    GPU: str(capacity if allocatable is None else allocatable),
-                },
+                "allocatable": {"cpu": "31", "memory": "250Gi", "pods": "110", **healthy},
                 "conditions": [
                     {
                         "type": "Ready",
@@ -257,6 +254,21 @@ class Kubelet:
         self.plane.kubectl("create", "-f", "-", input=json.dumps(pod))
         return name
 
+    def claim_pod(self, name: str, namespace: str, node: str) -> str:
+        """A pod holding the DRA claim `gpu` (the ResourceClaim object itself is never read)."""
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeName": node,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}],
+                "containers": [{"name": "main", "image": IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        }
+        self.plane.kubectl("create", "-f", "-", input=json.dumps(pod))
+        return name
+
     def bind(self, namespace: str, pod: str, node: str) -> None:
         """What the scheduler does: the binding subresource (a Job's pods come unscheduled)."""
         binding = {
@@ -275,9 +287,11 @@ class Kubelet:
         *,
         ready: bool = True,
         devices: Mapping[str, str] | None = None,
+        resource: str = GPU,
         started_seconds_ago: float = 60,
     ) -> None:
-        """The pod's containers run; `devices` maps device IDs to their health (allocatedResourcesStatus)."""
+        """The pod's containers run; `devices` maps device IDs of `resource` (a device plugin's resource,
+        or claim:<claim> for DRA) to their health (allocatedResourcesStatus)."""
         current = self.plane.kubectl_json("get", "pod", pod, "-n", namespace)
         statuses = []
         for container in current["spec"]["containers"]:
@@ -293,7 +307,7 @@ class Kubelet:
             if devices is not None:
                 status["allocatedResourcesStatus"] = [
                     {
-                        "name": GPU,
+                        "name": resource,
                         "resources": [
                             {"resourceID": device, "health": state} for device, state in devices.items()
                         ],
@@ -312,8 +326,10 @@ class Kubelet:
             namespace, pod, {"phase": "Running", "conditions": conditions, "containerStatuses": statuses}
         )
 
-    def device_health(self, namespace: str, pod: str, devices: Mapping[str, str]) -> None:
-        self.running(namespace, pod, devices=devices)
+    def device_health(
+        self, namespace: str, pod: str, devices: Mapping[str, str], *, resource: str = GPU
+    ) -> None:
+        self.running(namespace, pod, devices=devices, resource=resource)
 
     def terminate(self, namespace: str, pod: str, *, exit_code: int) -> None:
         """The container died and the pod failed, as the kubelet reports it: one status patch (conditions

@@ -145,6 +145,24 @@ def test_a_persisting_device_gap_gets_the_condition_the_event_and_the_taint_and_
     eventually(lambda: "NodeRecovered" in reasons(cluster, kind="Node", name=name), what="NodeRecovered")
 
 
+def control_node_tainted(
+    cluster: ControlPlane, kubelet: Kubelet, controllers: ControllersProcess, test_id: str
+) -> None:
+    """A node that fails for real, changed last. One worker takes nodes in order and requeues each at its
+    due time, so once this one is tainted, any node changed before it with a signal due no later would
+    have been acted on before it."""
+    control = kubelet.node(f"{test_id}-control")
+    kubelet.devices(control, capacity=8, allocatable=6)
+    eventually(
+        lambda: TAINT in taints(cluster, control), what="the control node tainted", processes=[controllers]
+    )
+
+
+def assert_unmarked(cluster: ControlPlane, name: str) -> None:
+    assert TAINT not in taints(cluster, name), name
+    assert own_condition(cluster, name) is None, name
+
+
 def test_the_plugin_restart_and_kubelet_restart_patterns_get_no_action(
     cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
 ) -> None:
@@ -160,17 +178,9 @@ def test_the_plugin_restart_and_kubelet_restart_patterns_get_no_action(
     # The kubelet restarts: capacity reads 0 until the plugin registers.
     rebooted = kubelet.node(f"{test_id}-kubelet")
     kubelet.devices(rebooted, capacity=0, allocatable=0)
-    # A node that fails for real, changed last. One worker takes nodes in order and requeues each at
-    # its due time, so once this one is tainted, either of the others would have been before it.
-    control = kubelet.node(f"{test_id}-control")
-    kubelet.devices(control, capacity=8, allocatable=6)
-
-    eventually(
-        lambda: TAINT in taints(cluster, control), what="the control node tainted", processes=[controllers]
-    )
+    control_node_tainted(cluster, kubelet, controllers, test_id)
     for name in (restarting, rebooted):
-        assert TAINT not in taints(cluster, name), name
-        assert own_condition(cluster, name) is None, name
+        assert_unmarked(cluster, name)
         assert not any(
             key.startswith("deviceGap") for key in (record(cluster, name) or {}).get("signals", {})
         )
@@ -185,6 +195,31 @@ def test_the_plugin_restart_and_kubelet_restart_patterns_get_no_action(
         what="the suspicions dropped",
         processes=[controllers],
     )
+
+
+def test_counts_the_api_server_writes_as_1k_and_nodes_without_device_plugin_capacity_get_no_action(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    # Every signal that could misfire is due before the control node's gap.
+    policy = fast_policy(test_id, signals={"deviceGap": {"forSeconds": 6}})
+    controllers = start(policy)
+    thousand = kubelet.node(f"{test_id}-1k", capacity=1000, labels={"nvidia.com/gpu.present": "true"})
+    stored = cluster.kubectl_json("get", "node", thousand)["status"]
+    # The premise: the API server stores a count of 1000 in its canonical form.
+    assert (stored["capacity"][GPU], stored["allocatable"][GPU]) == ("1k", "1k")
+    # A DRA (or passthrough) node: accelerator labels, no device-plugin resource to vanish.
+    dra = kubelet.node(f"{test_id}-dra", capacity=None, labels={"nvidia.com/gpu.present": "true"})
+    control_node_tainted(cluster, kubelet, controllers, test_id)
+    for name in (thousand, dra):
+        assert_unmarked(cluster, name)
+        assert record(cluster, name) is None, name
+    # 1000 devices, 16 of them failed: counted as such, not as a node with no capacity.
+    kubelet.devices(thousand, capacity=1000, allocatable=984)
+    eventually(
+        lambda: TAINT in taints(cluster, thousand), what="the 1k node tainted", processes=[controllers]
+    )
+    condition = own_condition(cluster, thousand)
+    assert condition is not None and "nvidia.com/gpu: 16 of 1000 devices unhealthy" in condition["message"]
 
 
 # --- pods ----------------------------------------------------------------------------------------------
@@ -221,6 +256,39 @@ def test_a_pod_on_an_unhealthy_device_is_evicted_and_its_neighbour_on_a_healthy_
     )
     assert controllers.metric("gpuguard_remediations_total", action="evict", outcome="done") == 1
     kubelet.finish_deletion(ns, "trainer")
+
+
+def test_a_dra_device_unknown_from_the_start_is_never_evicted_and_one_that_reported_before_is(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, ns: str
+) -> None:
+    """The kubelet reports every DRA device Unknown until its driver streams health for it."""
+    controllers = start(fast_policy(test_id))
+    name = kubelet.node(f"{test_id}-a", capacity=None, labels={"nvidia.com/gpu.present": "true"})
+    # Unknown first, and for longer than the control pod below.
+    kubelet.claim_pod("silent", ns, name)
+    kubelet.device_health(ns, "silent", {"gpu-0": "Unknown"}, resource="claim:gpu")
+    kubelet.claim_pod("streamed", ns, name)
+    # The controllers were synced before these writes, so their watch delivers the Healthy status too.
+    kubelet.device_health(ns, "streamed", {"gpu-1": "Healthy"}, resource="claim:gpu")
+    kubelet.device_health(ns, "streamed", {"gpu-1": "Unknown"}, resource="claim:gpu")
+
+    def evicted(pod: str) -> bool:
+        deleted = cluster.kubectl_json("get", "pod", pod, "-n", ns)["metadata"].get("deletionTimestamp")
+        return deleted is not None
+
+    eventually(lambda: evicted("streamed"), what="the pod whose device went Unknown", processes=[controllers])
+    silent = cluster.kubectl_json("get", "pod", "silent", "-n", ns)
+    assert not evicted("silent") and disruption_target(silent) is None
+
+    def node_message() -> str:
+        condition = own_condition(cluster, name)
+        return condition["message"] if condition is not None else ""
+
+    eventually(
+        lambda: "(gpu-1)" in node_message(), what="the node's podDeviceUnknown", processes=[controllers]
+    )
+    assert "claim:gpu: 1 devices reported Unknown by pods (gpu-1)" in node_message()
+    kubelet.finish_deletion(ns, "streamed")
 
 
 def test_a_disruption_budget_holds_the_eviction_and_the_controller_reports_it_stuck(

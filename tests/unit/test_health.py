@@ -165,8 +165,10 @@ def pod(**kwargs: Any) -> PodFacts:
     return facts
 
 
-def device_plugin(*, ready: bool = True, started: datetime.datetime | None = None) -> PodFacts:
-    return pod(
+def raw_device_plugin(
+    *, ready: bool = True, started: datetime.datetime | None = None, phase: str = "Running"
+) -> JSON:
+    return raw_pod(
         name="nvidia-device-plugin-x",
         namespace="gpu-operator",
         gpus=0,
@@ -174,7 +176,14 @@ def device_plugin(*, ready: bool = True, started: datetime.datetime | None = Non
         labels={"app": "nvidia-device-plugin-daemonset"},
         ready=ready,
         started=started,
+        phase=phase,
     )
+
+
+def device_plugin(*, ready: bool = True, started: datetime.datetime | None = None) -> PodFacts:
+    facts = health.pod_facts(raw_device_plugin(ready=ready, started=started))
+    assert facts is not None
+    return facts
 
 
 def applied(facts: NodeFacts, plan: NodePlan) -> NodeFacts:
@@ -570,14 +579,6 @@ def test_a_pod_on_an_unhealthy_device_is_evicted_and_its_neighbour_is_not() -> N
     assert not health.pod_verdict(pod(name="neighbour", devices=[("GPU-2", "Healthy")]), ENFORCE, NOW).evict
 
 
-def test_a_device_reported_unknown_evicts_only_once_it_persisted() -> None:
-    unknown = pod(devices=[("GPU-1", "Unknown")])
-    assert health.has_unknown_device(unknown)
-    waiting = health.pod_verdict(unknown, ENFORCE, NOW, unknown_since=later(-100))
-    assert not waiting.evict and waiting.requeue_after == pytest.approx(200)
-    assert health.pod_verdict(unknown, ENFORCE, NOW, unknown_since=later(-300)).reason == "DeviceUnknown"
-
-
 def test_a_claim_device_counts_for_the_pod_that_holds_the_claim() -> None:
     claimed = pod(
         gpus=0, claims=["gpu"], devices=[("claim:gpu/req-0 gpu.nvidia.com/pool/gpu-0", "Unhealthy")]
@@ -687,6 +688,11 @@ def test_either_kill_switch_turns_every_action_off(switch: dict[str, Any]) -> No
             id="duplicate-condition",
         ),
         pytest.param({"mode": "loud"}, "health.mode", id="mode"),
+        pytest.param(
+            {"signals": {"podDeviceHealth": {"unknownForSeconds": -1}}},
+            "health.signals.podDeviceHealth.unknownForSeconds",
+            id="negative-unknown-wait",
+        ),
     ],
 )
 def test_an_invalid_health_section_is_refused_naming_the_field(health_section: JSON, field: str) -> None:

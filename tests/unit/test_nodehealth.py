@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from webhook.controllers.fleet import Breaker, Ledger, PodIndex
+from webhook.controllers.fleet import Breaker, DeviceReports, Ledger, PodIndex
 from webhook.controllers.nodehealth import CONFLICT_RECHECK_SECONDS, NodeHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Change, Informer, ListPage
@@ -92,6 +92,7 @@ def controller(
         nodes=node_informer,
         pods=pod_informer,
         index=PodIndex(),
+        reports=DeviceReports(),
         ledger=ledger,
         breaker=breaker,
         policy=lambda: policy,

@@ -8,7 +8,7 @@ import datetime
 import threading
 from typing import Any
 
-from webhook.controllers.fleet import Breaker, EvictionRateLimits
+from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, PodIndex
 from webhook.controllers.podhealth import PodHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
@@ -69,6 +69,8 @@ class Watcher:
         self.watcher = PodHealth(
             pods=self.pod_informer,
             nodes=self.node_informer,
+            index=PodIndex(),
+            reports=DeviceReports(),
             namespace_labels=lambda namespace: {},
             breaker=self.breaker,
             fleet_size=lambda: fleet,

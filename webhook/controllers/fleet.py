@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from webhook.kube.informer import Change
 from webhook.kube.remediation import StoredState
 from webhook.policy import health
 from webhook.policy.health import HealthState, NodeFacts, NodePlan, NodeRecord, PodFacts
@@ -196,6 +197,35 @@ def _moment(value: str | None) -> datetime.datetime | None:
 
 def _latest(*moments: datetime.datetime | None) -> datetime.datetime | None:
     return max((moment for moment in moments if moment is not None), default=None)
+
+
+class DeviceReports:
+    """The DRA devices each pod's status has reported Healthy or Unhealthy, by pod uid, pruned when the
+    pod goes: what makes a later Unknown for the same device mean something (`PodFacts.reported`).
+    Fed every pod change before either controller is enqueued for it, read by both.
+
+    Kept in memory only. A restart (or a new leader) starts empty and learns again from the statuses it
+    sees, so a device already Unknown then does not count until it reports again: that errs towards not
+    acting, never towards evicting.
+    """
+
+    def __init__(self) -> None:
+        self._by_uid: dict[str, frozenset[tuple[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, change: Change[PodFacts]) -> None:
+        old, new = change.old, change.new
+        with self._lock:
+            if old is not None and (new is None or new.uid != old.uid):
+                self._by_uid.pop(old.uid, None)
+            if new is not None and new.reported:
+                self._by_uid[new.uid] = self._by_uid.get(new.uid, frozenset()) | new.reported
+
+    def of(self, pod: PodFacts) -> PodFacts:
+        """The pod as the verdicts read it: with what its earlier statuses reported."""
+        with self._lock:
+            earlier = self._by_uid.get(pod.uid, frozenset())
+        return health.with_reported(pod, earlier)
 
 
 @dataclass(frozen=True)

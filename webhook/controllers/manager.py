@@ -25,6 +25,7 @@ from webhook.controllers import series
 from webhook.controllers.fleet import (
     DUE_LOG_WRITE_SECONDS,
     Breaker,
+    DeviceReports,
     EvictionRateLimits,
     Ledger,
     PodIndex,
@@ -132,10 +133,13 @@ class ControllerManager:
         self.informers: list[Informer[Any]] = [self.nodes, self.pods, self.namespaces, self.state]
         self.ledger = Ledger()
         self.index = PodIndex()
+        self.reports = DeviceReports()
         self.breaker = Breaker(remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP), _now)
         self.pod_health = PodHealth(
             pods=self.pods,
             nodes=self.nodes,
+            index=self.index,
+            reports=self.reports,
             namespace_labels=self._namespace_labels,
             breaker=self.breaker,
             fleet_size=self.ledger.fleet_size,
@@ -151,6 +155,7 @@ class ControllerManager:
             nodes=self.nodes,
             pods=self.pods,
             index=self.index,
+            reports=self.reports,
             ledger=self.ledger,
             breaker=self.breaker,
             policy=lambda: self.store.policy,
@@ -241,6 +246,8 @@ class ControllerManager:
         return self.registry.render() + "".join(runnable.metrics.render() for runnable in self.runnables)
 
     def _pod_changed(self, change: Change[PodFacts]) -> None:
+        # Remembered before either controller is enqueued: neither decides on a status not yet counted.
+        self.reports.observe(change)
         self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
         self.pod_health.pod_changed(change)
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, Ledger, PodIndex, Trip, disrupts
+from webhook.controllers.fleet import Breaker, DeviceReports, Ledger, PodIndex, Trip, disrupts
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
@@ -101,6 +101,7 @@ class NodeHealth:
         nodes: Informer[NodeFacts],
         pods: Informer[PodFacts],
         index: PodIndex,
+        reports: DeviceReports,
         ledger: Ledger,
         breaker: Breaker,
         policy: Callable[[], Policy],
@@ -114,6 +115,7 @@ class NodeHealth:
         self.nodes = nodes
         self.pods = pods
         self.index = index
+        self.reports = reports
         self.ledger = ledger
         self.breaker = breaker
         self.policy = policy
@@ -171,7 +173,8 @@ class NodeHealth:
         now = self.clock()
         persist = persists(policy)
         record = self._record(facts, persist)
-        pods = [pod for key in self.index.keys_on(name) if (pod := self.pods.get(key)) is not None]
+        cached = (self.pods.get(key) for key in self.index.keys_on(name))
+        pods = [self.reports.of(pod) for pod in cached if pod is not None]
         pool = policy.health.pool_of(facts.labels)
         breaker = self.breaker.state
         fleet = Fleet(

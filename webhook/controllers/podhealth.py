@@ -6,12 +6,13 @@ and the Job's `DisruptionTarget -> Ignore` rule (gpuguard's webhook injects it) 
 without counting it against `backoffLimit`. A refused eviction (429) is retried with backoff and
 reported stuck after `health.eviction.timeoutSeconds`; it is never turned into a delete.
 
-Pods are evicted for a device they hold that is Unhealthy (or Unknown for long enough), or because
-their node is drained. Only pods of nodes the node controller remediates: a node the cache knows,
-selected by `health.nodeSelector`, an accelerator node. The pause, the node's exclusion label, the
-breaker and the per-node and per-namespace rate limits hold evictions back; a namespace's `health`
-mode says whether they happen. A pod evicted for its device makes its node count as due with the
-breaker (once per node), so a fleet-wide false signal on pods opens it as one on nodes does.
+Pods are evicted for an accelerator device they hold that is Unhealthy (or Unknown for long enough,
+after it was reported Healthy or Unhealthy: `fleet.DeviceReports`), or because their node is drained.
+Only pods of nodes the node controller remediates: a node the cache knows, selected by
+`health.nodeSelector`, an accelerator node. The pause, the node's exclusion label, the breaker and the
+per-node and per-namespace rate limits hold evictions back; a namespace's `health` mode says whether
+they happen. A pod evicted for its device makes its node count as due with the breaker (once per
+node), so a fleet-wide false signal on pods opens it as one on nodes does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, EvictionRateLimits, disrupts
+from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, PodIndex, disrupts
 from webhook.controllers.nodehealth import announce
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
@@ -57,6 +58,8 @@ class PodHealth:
         *,
         pods: Informer[PodFacts],
         nodes: Informer[NodeFacts],
+        index: PodIndex,
+        reports: DeviceReports,
         namespace_labels: Callable[[str], Mapping[str, str] | None],
         breaker: Breaker,
         fleet_size: Callable[[], int],
@@ -70,6 +73,8 @@ class PodHealth:
     ) -> None:
         self.pods = pods
         self.nodes = nodes
+        self.index = index
+        self.reports = reports
         self.namespace_labels = namespace_labels
         self.breaker = breaker
         self.fleet_size = fleet_size
@@ -108,21 +113,28 @@ class PodHealth:
         return node.record.draining_since is not None and node.record.cancelled_at is None
 
     def reconcile(self, key: str) -> Result:
-        pod = self.pods.get(key)
-        if pod is None:
+        cached = self.pods.get(key)
+        if cached is None:
             self._forget(key)
             return Result()
+        pod = self.reports.of(cached)
         policy = self.policy()
         now = self.clock()
         node = self.nodes.get(pod.node) if pod.node else None
+        settled = self._driver_settled(pod, policy, now)
         with self._lock:
-            if health.has_unknown_device(pod):
+            if health.has_unknown_device(pod, policy, driver_settled=settled):
                 unknown_since = self._unknown_since.setdefault(key, now)
             else:
                 unknown_since = None
                 self._unknown_since.pop(key, None)
         verdict = health.pod_verdict(
-            pod, policy, now, draining=self.draining(node, policy), unknown_since=unknown_since
+            pod,
+            policy,
+            now,
+            draining=self.draining(node, policy),
+            unknown_since=unknown_since,
+            driver_settled=settled,
         )
         if not verdict.evict:
             with self._lock:
@@ -168,6 +180,14 @@ class PodHealth:
             return ""
         announce(trip, ObjectRef("v1", "Node", "", node.name, node.uid), self.events, self.registry)
         return "circuit breaker open" if trip.enforced else ""
+
+    def _driver_settled(self, pod: PodFacts, policy: Policy, now: datetime.datetime) -> bool:
+        """The device plugins or DRA drivers on the pod's node run settled (asked only of a pod with
+        a device that reported before and is Unknown now: the node's pods are not looked at otherwise)."""
+        if not any(d.health == "Unknown" and (d.resource, d.device) in pod.reported for d in pod.devices):
+            return False
+        node_pods = (self.pods.get(key) for key in self.index.keys_on(pod.node))
+        return health.plugins_settled((p for p in node_pods if p is not None), policy, now)
 
     def _held(self, pod: PodFacts, node: NodeFacts | None, policy: Policy) -> str:
         if node is None:

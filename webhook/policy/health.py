@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from webhook.policy import holdings
 from webhook.policy.model import Mode, Policy, scaled_count
+from webhook.policy.quantity import whole_count
 
 TAINT_KEY = "gpuguard.io/device-unhealthy"
 CONDITION_TYPE = "GPUGuardDeviceHealthy"
@@ -55,15 +56,6 @@ def _parse_time(value: object) -> datetime.datetime | None:
 def format_time(moment: datetime.datetime) -> str:
     """RFC 3339 in UTC with seconds, as the API server writes times."""
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _count(value: object) -> int | None:
-    """A device count from a quantity string; None for anything that is not a plain integer."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -163,7 +155,8 @@ class NodeFacts:
     uid: str = ""
     resource_version: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
-    # Extended resources only (names with a "/"): what a device plugin reports.
+    # Extended resources only (names with a "/"): what a device plugin reports, in whole devices. A
+    # quantity that does not parse is left out: unknown, never read as 0.
     capacity: Mapping[str, int] = field(default_factory=dict)
     allocatable: Mapping[str, int] = field(default_factory=dict)
     # type -> status of every condition but gpuguard's own.
@@ -214,6 +207,11 @@ class PodFacts:
     # The latest container start: a restarted device plugin registers its devices again.
     started_at: datetime.datetime | None = None
     devices: tuple[DeviceHealth, ...] = ()
+    # (resource, device) of the DRA devices the kubelet reported Healthy or Unhealthy for this pod: in
+    # this status, and in earlier ones when the controllers remembered them (`with_reported`). The
+    # kubelet starts every DRA device at Unknown and keeps it there while its driver streams no health,
+    # so Unknown means something only for a device whose driver has been heard about it.
+    reported: frozenset[tuple[str, str]] = frozenset()
     terminations: tuple[Termination, ...] = ()
     crash_looping: bool = False
     disruption_target: bool = False
@@ -292,7 +290,7 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts | None:
 def _extended(resources: object) -> dict[str, int]:
     found: dict[str, int] = {}
     for name, value in _mapping(resources).items():
-        count = _count(value)
+        count = whole_count(value)
         if "/" in name and count is not None:
             found[name] = count
     return found
@@ -320,6 +318,7 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
         return None
     statuses = [_mapping(s) for s in status.get("containerStatuses") or []]
     devices: list[DeviceHealth] = []
+    reported: set[tuple[str, str]] = set()
     terminations: list[Termination] = []
     started: list[datetime.datetime] = []
     crash_looping = False
@@ -329,9 +328,13 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
             resource = str(_mapping(resource_status).get("name", ""))
             for health in _mapping(resource_status).get("resources") or []:
                 state = _mapping(health).get("health")
+                device = str(_mapping(health).get("resourceID", ""))
                 if state in ("Unhealthy", "Unknown"):
-                    device = str(_mapping(health).get("resourceID", ""))
                     devices.append(DeviceHealth(container, resource, device, state))
+                # Only DRA devices are ever Unknown (device plugins report Healthy or Unhealthy), so
+                # only they need remembering: kept small, as every pod's facts are in memory.
+                if state in ("Healthy", "Unhealthy") and resource.startswith(CLAIM_PREFIX):
+                    reported.add((resource, device))
         for key in ("state", "lastState"):
             terminated = _mapping(_mapping(container_status.get(key)).get("terminated"))
             exit_code = terminated.get("exitCode")
@@ -365,12 +368,21 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         started_at=max(started, default=None),
         devices=tuple(dict.fromkeys(devices)),
+        reported=frozenset(reported),
         terminations=tuple(terminations),
         crash_looping=crash_looping,
         disruption_target=any(
             c.get("type") == DISRUPTION_TARGET and c.get("status") == "True" for c in conditions
         ),
     )
+
+
+def with_reported(pod: PodFacts, earlier: frozenset[tuple[str, str]]) -> PodFacts:
+    """The pod with the devices its earlier statuses reported Healthy or Unhealthy (kept by the
+    controllers across status updates) added to what this status reports."""
+    if earlier <= pod.reported:
+        return pod
+    return replace(pod, reported=pod.reported | earlier)
 
 
 # --- assessment: which signals a node shows ----------------------------------------------------------
@@ -449,13 +461,38 @@ def left_alone(node: NodeFacts, policy: Policy) -> str:
     return ""
 
 
-def is_accelerator_pod(pod: PodFacts, policy: Policy) -> bool:
+def _is_accelerator_request(name: str, policy: Policy) -> bool:
+    """An accelerator resource, or a resource claim (`claim:` names) when the policy counts claims."""
     accelerators = policy.accelerators
-    return any(
-        accelerators.is_accelerator_resource(name)
-        or (accelerators.resourceClaims and name.startswith(CLAIM_PREFIX))
-        for name in pod.requests
+    return accelerators.is_accelerator_resource(name) or (
+        accelerators.resourceClaims and name.startswith(CLAIM_PREFIX)
     )
+
+
+def is_accelerator_pod(pod: PodFacts, policy: Policy) -> bool:
+    return any(_is_accelerator_request(name, policy) for name in pod.requests)
+
+
+def _reported_devices(
+    pod: PodFacts, policy: Policy, state: Literal["Unhealthy", "Unknown"], *, driver_settled: bool
+) -> list[DeviceHealth]:
+    """The pod's accelerator devices reported in `state`. Other devices it holds (an RDMA or SR-IOV NIC,
+    an FPGA) are not gpuguard's to act on unless the policy names them. Unknown counts only when the
+    policy gives it a wait, the device was reported Healthy or Unhealthy before (the kubelet says
+    Unknown for every DRA device whose driver streams no health) and the driver is not restarting (a
+    driver whose health stream ends leaves all its devices Unknown until the new one streams)."""
+    if state == "Unknown" and (
+        policy.health.signals.podDeviceHealth.unknownForSeconds is None or not driver_settled
+    ):
+        return []
+    return [
+        device
+        for device in pod.devices
+        if device.health == state
+        and pod.holds(device.resource)
+        and _is_accelerator_request(device.resource, policy)
+        and (state == "Unhealthy" or (device.resource, device.device) in pod.reported)
+    ]
 
 
 def _plugin_pods(pods: Iterable[PodFacts], policy: Policy) -> list[PodFacts]:
@@ -465,6 +502,12 @@ def _plugin_pods(pods: Iterable[PodFacts], policy: Policy) -> list[PodFacts]:
         for pod in pods
         if pod.owner_kind == "DaemonSet" and not pod.terminal and plugin.matches(pod.namespace, pod.labels)
     ]
+
+
+def plugins_settled(pods: Iterable[PodFacts], policy: Policy, now: datetime.datetime) -> bool:
+    """The device plugins or DRA drivers among a node's pods (`health.signals.devicePlugin`) run
+    settled: what they say about devices counts."""
+    return _settled(_plugin_pods(pods, policy), policy, now)
 
 
 def _settled(plugins: Sequence[PodFacts], policy: Policy, now: datetime.datetime) -> bool:
@@ -507,10 +550,16 @@ def assess(
     signals_policy = health.signals
     accelerators = policy.accelerators
     accelerator = is_accelerator_node(node, policy)
-    devices = {
-        name: (node.allocatable.get(name, 0), capacity)
+    capacities = {
+        name: capacity
         for name, capacity in sorted(node.capacity.items())
         if accelerators.is_accelerator_resource(name)
+    }
+    # Allocatable missing or unreadable beside a capacity: unknown, so no gap can be told.
+    devices = {
+        name: (node.allocatable[name], capacity)
+        for name, capacity in capacities.items()
+        if name in node.allocatable
     }
     found: list[Signal] = []
     suppressed: list[Suppressed] = []
@@ -520,6 +569,10 @@ def assess(
 
     plugins = _plugin_pods(pods, policy)
     settled = _settled(plugins, policy, now)
+    # Bring-up: no accelerator capacity registered yet and the plugin has not started (a new node whose
+    # driver installs, its plugin Pending in init containers). Nothing there has failed yet.
+    registered = any(capacity > 0 for capacity in capacities.values())
+    starting = [] if registered else [pod for pod in plugins if pod.phase == "Pending"]
     correlated = _correlated_failures(pods, policy, now) if accelerator else 0
     live_pods = [pod for pod in pods if not pod.terminal and is_accelerator_pod(pod, policy)]
 
@@ -557,16 +610,37 @@ def assess(
                     resource=resource,
                     devices=missing,
                 )
-        if not any(capacity > 0 for _, capacity in devices.values()):
-            signal(
-                "capacityVanished",
-                "capacityVanished",
-                "no accelerator capacity reported",
-                signals_policy.devicePlugin.capacityVanishedForSeconds,
-                whole_node=True,
-            )
+        # Vanished needs something that was there: the kubelet writes an explicit 0 for a resource whose
+        # plugin went away (or, after its own restart, until the plugin registers again). A node with an
+        # accelerator label and no accelerator resource at all (DRA, passthrough, no plugin by design)
+        # has no device-plugin capacity to lose.
+        if capacities and not registered:
+            if starting:
+                suppressed.append(
+                    Suppressed(
+                        "capacityVanished",
+                        f"no accelerator capacity registered yet: device plugin pod {starting[0].key} "
+                        "has not started (bring-up)",
+                    )
+                )
+            else:
+                signal(
+                    "capacityVanished",
+                    "capacityVanished",
+                    "no accelerator capacity reported",
+                    signals_policy.devicePlugin.capacityVanishedForSeconds,
+                    whole_node=True,
+                )
         for pod in plugins:
-            if not pod.ready:
+            if pod in starting:
+                suppressed.append(
+                    Suppressed(
+                        "devicePlugin",
+                        f"device plugin pod {pod.key} has not started on a node that never registered "
+                        "accelerator capacity (bring-up)",
+                    )
+                )
+            elif not pod.ready:
                 signal(
                     "devicePlugin",
                     "devicePlugin",
@@ -584,16 +658,17 @@ def assess(
                     wanted.forSeconds,
                     whole_node=True,
                 )
-        reports: tuple[tuple[str, SignalKind, int], ...] = (
-            ("Unhealthy", "podDevice", signals_policy.deviceGap.forSeconds),
-            ("Unknown", "podDeviceUnknown", signals_policy.podDeviceHealth.unknownForSeconds),
-        )
+        reports: list[tuple[Literal["Unhealthy", "Unknown"], SignalKind, int]] = [
+            ("Unhealthy", "podDevice", signals_policy.deviceGap.forSeconds)
+        ]
+        unknown_wait = signals_policy.podDeviceHealth.unknownForSeconds
+        if unknown_wait is not None:
+            reports.append(("Unknown", "podDeviceUnknown", unknown_wait))
         for health_state, kind, wait in reports:
             reported: dict[str, set[str]] = {}
             for pod in live_pods:
-                for device in pod.devices:
-                    if device.health == health_state and pod.holds(device.resource):
-                        reported.setdefault(device.resource, set()).add(device.device)
+                for device in _reported_devices(pod, policy, health_state, driver_settled=settled):
+                    reported.setdefault(device.resource, set()).add(device.device)
             for resource, ids in sorted(reported.items()):
                 message = f"{resource}: {len(ids)} devices reported {health_state} by pods ({', '.join(sorted(ids))})"
                 signal(f"{kind}/{resource}", kind, message, wait, resource=resource, devices=len(ids))
@@ -1005,9 +1080,11 @@ def pod_verdict(
     *,
     draining: bool = False,
     unknown_since: datetime.datetime | None = None,
+    driver_settled: bool = False,
 ) -> PodVerdict:
-    """Whether a pod should be evicted: it holds a device reported Unhealthy, or Unknown for
-    podDeviceHealth.unknownForSeconds (since `unknown_since`), or its node is being drained."""
+    """Whether a pod should be evicted: it holds an accelerator device reported Unhealthy, or Unknown
+    for podDeviceHealth.unknownForSeconds (since `unknown_since`; only a device reported before, while
+    its node's plugins are `driver_settled`), or its node is being drained."""
     if pod.terminal or pod.deleting or not pod.node:
         return NO_EVICTION
     if pod.disruption_target:
@@ -1019,13 +1096,12 @@ def pod_verdict(
         return PodVerdict(False, None, "DaemonSet and static pods are never evicted: they would come back")
     if not is_accelerator_pod(pod, policy):
         return NO_EVICTION
-    held = [d for d in pod.devices if pod.holds(d.resource)]
-    unhealthy = [d for d in held if d.health == "Unhealthy"]
+    unhealthy = _reported_devices(pod, policy, "Unhealthy", driver_settled=driver_settled)
     if unhealthy:
         return PodVerdict(True, "DeviceUnhealthy", f"{_devices(unhealthy)} reported Unhealthy")
-    unknown = [d for d in held if d.health == "Unknown"]
-    if unknown and not draining:
-        wait = policy.health.signals.podDeviceHealth.unknownForSeconds
+    unknown = _reported_devices(pod, policy, "Unknown", driver_settled=driver_settled)
+    wait = policy.health.signals.podDeviceHealth.unknownForSeconds
+    if unknown and wait is not None and not draining:
         since = unknown_since or now
         left = (since + datetime.timedelta(seconds=wait) - now).total_seconds()
         if left > 0:
@@ -1036,8 +1112,9 @@ def pod_verdict(
     return NO_EVICTION
 
 
-def has_unknown_device(pod: PodFacts) -> bool:
-    return any(d.health == "Unknown" and pod.holds(d.resource) for d in pod.devices)
+def has_unknown_device(pod: PodFacts, policy: Policy, *, driver_settled: bool) -> bool:
+    """The pod holds a device whose Unknown counts (what `pod_verdict` times from `unknown_since`)."""
+    return bool(_reported_devices(pod, policy, "Unknown", driver_settled=driver_settled))
 
 
 def _devices(devices: Sequence[DeviceHealth]) -> str:

@@ -441,7 +441,8 @@ class NodeConditionSignal(_Model):
 
 
 class PodDeviceHealthSignal(_Model):
-    unknownForSeconds: WaitSeconds
+    # None: Unknown never counts. Most DRA drivers stream no health, and the kubelet says Unknown then.
+    unknownForSeconds: WaitSeconds | None
 
 
 class CorrelationSignal(_Model):
