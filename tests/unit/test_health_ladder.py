@@ -237,7 +237,7 @@ def xid79_then_plugin_restart(policy: Any = ENFORCE) -> tuple[NodeFacts, NodePla
 
 
 def test_a_gpu_gone_from_capacity_keeps_the_node_marked() -> None:
-    facts, plan = xid79_then_plugin_restart()
+    _, plan = xid79_then_plugin_restart()
     assert ("recover", "do") not in actions(plan)
     assert plan.tainted and plan.condition is not None and plan.condition.status == "False"
     assert plan.assessment.state == "unhealthy"
