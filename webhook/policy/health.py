@@ -137,23 +137,25 @@ class NodeRecord:
     acknowledged_at: datetime.datetime | None = None
 
     def to_json(self) -> str:
-        data: dict[str, Any] = {"signals": {key: _record_time(t) for key, t in sorted(self.signals.items())}}
+        data: dict[str, Any] = {
+            "signals": {key: format_record_time(t) for key, t in sorted(self.signals.items())}
+        }
         for name in _RECORD_TIMES:
             moment = getattr(self, name)
             if moment is not None:
-                data[_camel(name)] = _record_time(moment)
+                data[_camel(name)] = format_record_time(moment)
         if self.cordoned:
             data["cordoned"] = True
         if self.last_action:
             data["lastAction"] = self.last_action
             if self.last_action_at is not None:
-                data["lastActionAt"] = _record_time(self.last_action_at)
+                data["lastActionAt"] = format_record_time(self.last_action_at)
         if self.uid:
             data["uid"] = self.uid
         if self.expected:
             data["expected"] = dict(sorted(self.expected.items()))
         if self.remediations:
-            data["remediations"] = [_record_time(moment) for moment in self.remediations]
+            data["remediations"] = [format_record_time(moment) for moment in self.remediations]
         return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
     @classmethod
@@ -208,7 +210,7 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def _record_time(moment: datetime.datetime) -> str:
+def format_record_time(moment: datetime.datetime) -> str:
     """RFC 3339 in UTC, with the fraction of a second when there is one: a wait timed from a record
     must never end early because the record dropped a fraction."""
     moment = moment.astimezone(datetime.UTC)
