@@ -208,18 +208,15 @@ def test_a_node_is_drained_when_only_pods_gpuguard_never_evicts_are_left() -> No
     policy = make_policy(
         {"health": {"mode": "enforce"}, "namespaces": [{"names": ["infra"], "health": "off"}]}
     )
-    record = seen(
-        400,
-        "devicePlugin",
-        admitted_at=later(-60),
-        cordoned=True,
-        draining_since=later(-60),
-        unhealthy_since=later(-60),
-    )
-    facts = node(taints=[TAINTED], unschedulable=True)
-    left = pod(namespace="infra")
-    plan = health.plan_node(facts, [device_plugin(ready=False), left], policy, FREE, NOW, record)
+    plug, left = device_plugin(ready=False), pod(namespace="infra")
+    facts = node(record=seen(400, "devicePlugin"))
+    drained = health.plan_node(facts, [plug, left], policy, FREE, NOW)
+    assert ("drain", "do") in actions(drained)
+    plan = health.plan_node(applied(facts, drained), [plug, left], policy, FREE, later(1))
     assert plan.condition is not None and plan.condition.reason == "Drained"
+    # A pod the drain evicts is waited for.
+    waiting = health.plan_node(applied(facts, drained), [plug, pod()], policy, FREE, later(1))
+    assert waiting.condition is not None and waiting.condition.reason == "Draining"
 
 
 # --- a GPU that disappears is not a recovery ---------------------------------------------------------

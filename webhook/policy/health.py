@@ -895,20 +895,9 @@ def plan_node(
                     record = replace(record, draining_since=now, cordoned=not node.unschedulable)
         elif held and disruptive and due:
             ladder.append(Step("taint", "hold", modes["taint"], held))
-        condition = _condition(assessment, record, summary, held)
         last = record.last_action, record.last_action_at
-        wanted, record = _step(
-            steps,
-            wanted,
-            record,
-            "condition",
-            modes,
-            hands_off,
-            now,
-            change=node.condition != condition,
-            condition=condition,
-            note=condition.message,
-        )
+        condition = _condition(assessment, record, summary, held)
+        wanted, record = _mark(steps, wanted, record, node, condition, modes, hands_off, now)
         if any(step.effect == "do" for step in ladder):
             record = replace(record, last_action=last[0], last_action_at=last[1])
         steps.extend(ladder)
@@ -918,18 +907,7 @@ def plan_node(
         escalated = _escalation(node, record, policy) if now >= recover_at else ""
         if escalated:
             condition = OwnCondition("False", "RepeatedFailures", escalated)
-            wanted, record = _step(
-                steps,
-                wanted,
-                record,
-                "condition",
-                modes,
-                hands_off,
-                now,
-                change=node.condition != condition,
-                condition=condition,
-                note=escalated,
-            )
+            wanted, record = _mark(steps, wanted, record, node, condition, modes, hands_off, now)
         elif now >= recover_at:
             rest = _between_episodes(record, policy, now, remediated=True)
             wanted, record = _recover(steps, node, record, rest, modes, hands_off, now)
@@ -999,6 +977,31 @@ def _step(
         if value is not _UNSET
     }
     return replace(wanted, **changes), replace(record, last_action=action, last_action_at=now)
+
+
+def _mark(
+    steps: list[Step],
+    wanted: _Wanted,
+    record: NodeRecord,
+    node: NodeFacts,
+    condition: OwnCondition,
+    modes: Mapping[StepAction, Mode],
+    hands_off: str,
+    now: datetime.datetime,
+) -> tuple[_Wanted, NodeRecord]:
+    """The condition rung: gpuguard's condition as it should read, a step when the node's differs."""
+    return _step(
+        steps,
+        wanted,
+        record,
+        "condition",
+        modes,
+        hands_off,
+        now,
+        change=node.condition != condition,
+        condition=condition,
+        note=condition.message,
+    )
 
 
 # The condition reasons that say gpuguard drained the node, so cordoned it.
