@@ -96,6 +96,7 @@ def test_a_node_that_does_not_answer_is_left_to_the_node_lifecycle_controller(
     # Never due: neither the budget nor the breaker counts it.
     assert not plan.became_due and not plan.budget_slot()
     assert plan.record is None or plan.record.unhealthy_since is None
+    assert plan.requeue_after is None
 
     # Back: the plugin's clock starts again from now, not from when the node stopped answering.
     back = health.plan_node(node(), [plugin], ENFORCE, FREE, later(302), plan.record)

@@ -923,7 +923,9 @@ def plan_node(
         steps=tuple(steps),
         hands_off=hands_off,
         held=held,
-        requeue_after=_requeue_after(assessment, record, policy, now, held),
+        # A node that does not answer restarts its signals' clocks: only its coming back (a change of
+        # the node, which requeues it) can change the verdict.
+        requeue_after=None if _not_ready(node) else _requeue_after(assessment, record, policy, now, held),
         became_due=not was_due and record.unhealthy_since is not None,
         record_lost=record_lost,
         clamped=clamped_fields,
