@@ -103,6 +103,16 @@ def test_a_node_that_does_not_answer_is_left_to_the_node_lifecycle_controller(
     assert not back.hands_off and back.assessment.state == "suspect"
 
 
+def test_a_node_someone_else_cordoned_is_held_and_never_due() -> None:
+    facts = node(allocatable=7, unschedulable=True)
+    plan = health.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
+    assert "cordoned by someone else" in plan.held and not plan.tainted
+    assert not plan.became_due and plan.record is not None and plan.record.unhealthy_since is None
+    given_back = dataclasses.replace(applied(facts, plan), unschedulable=False)
+    plan = health.plan_node(given_back, [device_plugin()], ENFORCE, FREE, later(10))
+    assert plan.became_due and plan.tainted
+
+
 def test_a_node_someone_else_remediates_gets_no_write_at_all() -> None:
     facts = node(allocatable=7, taints=[{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}])
     plan = health.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))

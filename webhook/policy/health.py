@@ -825,7 +825,10 @@ def plan_node(
 
     hands_off = _hands_off(node, health)
     was_due = record.unhealthy_since is not None
-    record = _bookkeeping(record, assessment, node, policy, now, may_become_due=not hands_off)
+    # A node someone else cordoned (a reboot, a maintenance) is theirs until they give it back: it
+    # becomes due, for the breaker too, only once gpuguard may act on it.
+    may_become_due = not hands_off and not _cordoned_by_others(node, record)
+    record = _bookkeeping(record, assessment, node, policy, now, may_become_due=may_become_due)
     steps: list[Step] = []
     wanted = keep
     held = escalated = ""
@@ -1149,7 +1152,7 @@ def _held(node: NodeFacts, record: NodeRecord, assessment: Assessment, fleet: Fl
     health = policy.health
     if record.cancelled_at is not None:
         return "an operator uncordoned the node during gpuguard's drain; it waits for the node to recover"
-    if node.unschedulable and not record.cordoned and record.draining_since is None:
+    if _cordoned_by_others(node, record):
         return "the node was cordoned by someone else"
     if record.admitted_at is not None:
         return ""
@@ -1163,6 +1166,10 @@ def _held(node: NodeFacts, record: NodeRecord, assessment: Assessment, fleet: Fl
             f"remediated and budget.maxUnhealthy {health.budget.maxUnhealthy} allows {allowed}"
         )
     return ""
+
+
+def _cordoned_by_others(node: NodeFacts, record: NodeRecord) -> bool:
+    return node.unschedulable and not record.cordoned and record.draining_since is None
 
 
 def _share(assessment: Assessment) -> str:
