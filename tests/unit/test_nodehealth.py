@@ -183,6 +183,9 @@ def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
     # The condition says what is wrong; no taint: the breaker opened on this very node.
     assert [kind for kind, _ in writes.calls] == ["status", "node"]
     assert "taints" not in writes.calls[-1][1].get("spec", {})
+    # Said in a form node remediators do not act on: the breaker holds them too.
+    (condition,) = writes.calls[0][1]["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("Unknown", "Held")
     assert flushed(loop, sent) == ["CircuitBreakerOpened", "DeviceUnhealthy", "RemediationHeld"]
 
 
