@@ -211,6 +211,9 @@ class Kubelet:
             },
         }
         self.plane.kubectl("create", "-f", "-", input=json.dumps(node))
+        # What the node lifecycle controller (not running here) does once a node is Ready: the not-ready
+        # taint the API server put on it at its creation (TaintNodesByCondition) goes.
+        self.plane.kubectl("taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-")
         self.nodes.append(name)
         if plugin:
             self.device_plugin(name)
