@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import re
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from webhook.policy.health import (
     NodePlan,
     NodeRecord,
 )
-from webhook.policy.model import default_policy
+from webhook.policy.model import PolicyError, default_policy
 
 from .builders import make_policy
 from .test_health import (
@@ -386,3 +387,33 @@ def test_the_acknowledgement_annotation_is_read() -> None:
     raw["metadata"]["annotations"] = {ACK_ANNOTATION: "2026-03-01T12:00:00Z"}
     facts = health.node_facts(raw)
     assert facts is not None and facts.acknowledged_at == NOW
+
+
+@pytest.mark.parametrize(
+    ("health_section", "field"),
+    [
+        pytest.param(
+            {"expectedDevices": [{"selector": {}, "resources": {GPU: 0}}]},
+            "health.expectedDevices[0].resources",
+            id="no-devices-expected",
+        ),
+        pytest.param(
+            {"expectedDevices": [{"selector": {}, "resources": {}}]},
+            "health.expectedDevices[0].resources",
+            id="empty",
+        ),
+        pytest.param(
+            {"recovery": {"escalation": {"remediations": 101}}},
+            "health.recovery.escalation.remediations",
+            id="too-long-a-history",
+        ),
+        pytest.param(
+            {"recovery": {"escalation": {"windowSeconds": 0}}},
+            "health.recovery.escalation.windowSeconds",
+            id="no-window",
+        ),
+    ],
+)
+def test_the_new_health_keys_are_validated(health_section: dict[str, Any], field: str) -> None:
+    with pytest.raises(PolicyError, match=re.escape(field)):
+        make_policy({"health": health_section})
