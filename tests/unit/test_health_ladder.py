@@ -216,6 +216,14 @@ def test_a_drain_said_in_audit_is_not_recorded_and_enforcing_it_later_cordons_fi
     assert plan.record is not None and plan.record.cordoned and plan.record.draining_since == later(60)
 
 
+def test_a_drain_an_earlier_version_recorded_without_doing_it_is_not_taken_for_done() -> None:
+    said = seen(400, GAP, admitted_at=later(-300), unhealthy_since=later(-300), draining_since=later(-300))
+    facts = node(allocatable=0, taints=[TAINTED], record=said)
+    plan = health.plan_node(facts, [device_plugin(started=later(-3600)), pod()], ENFORCE, FREE, NOW)
+    assert ("drain", "do") in actions(plan) and plan.unschedulable
+    assert plan.record is not None and plan.record.cordoned and plan.record.draining_since == NOW
+
+
 def test_a_node_is_drained_when_only_pods_gpuguard_never_evicts_are_left() -> None:
     policy = make_policy(
         {"health": {"mode": "enforce"}, "namespaces": [{"names": ["infra"], "health": "off"}]}

@@ -1047,7 +1047,11 @@ def owned_record(
 
 def _carried(node: NodeFacts, record: NodeRecord) -> NodeRecord:
     """What of the record still holds: the expected counts and the history belong to one Node (uid),
-    and an operator's acknowledgement newer than the last one taken clears both."""
+    and an operator's acknowledgement newer than the last one taken clears both. A drain gpuguard did
+    always comes with its cordon: one recorded without (an earlier version recorded drains it only
+    said) was never done."""
+    if record.draining_since is not None and not record.cordoned:
+        record = replace(record, draining_since=None)
     if record.uid and node.uid and record.uid != node.uid:
         record = replace(record, expected={}, remediations=())
     ack = node.acknowledged_at
