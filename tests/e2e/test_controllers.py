@@ -444,6 +444,9 @@ def test_more_failing_nodes_than_the_budget_only_the_budget_is_acted_on_and_the_
     )
     (acted,) = tainted()  # the budget: one node, and the breaker stopped the rest
     held = [name for name in failing if name != acted]
+    # Only the node gpuguard acts on is handed off as False: node remediators leave the held ones be.
+    statuses = {name: (own_condition(cluster, name) or {}).get("status") for name in failing}
+    assert statuses == {acted: "False", **dict.fromkeys(held, "Unknown")}
     assert controllers.metric("gpuguard_circuit_breaker_open") == 1
     assert controllers.metric("gpuguard_remediation_held_nodes") == 2
     assert any("CircuitBreakerOpened" in reasons(cluster, kind="Node", name=name) for name in failing), (
