@@ -98,7 +98,9 @@ def fast_policy(test: str, **health_overrides: Any) -> JSON:
             },
             "podDeviceHealth": {"unknownForSeconds": 2},
         },
-        "recovery": {"afterSeconds": 3},
+        # Tests fail the same node again (the node tier's few real nodes): a second remediation must
+        # not keep it marked until acknowledged. The escalation's own test turns it on.
+        "recovery": {"afterSeconds": 3, "escalation": {"remediations": 0, "windowSeconds": 600}},
         "eviction": {"retrySeconds": 1, "maxRetrySeconds": 2, "timeoutSeconds": 6},
         "budget": {"maxUnhealthy": "100%"},
         "circuitBreaker": {"maxNodes": "100%", "windowSeconds": 600},
@@ -206,6 +208,9 @@ class Kubelet:
             },
         }
         self.plane.kubectl("create", "-f", "-", input=json.dumps(node))
+        # What the node lifecycle controller (not running here) does once a node is Ready: the not-ready
+        # taint the API server put on it at its creation (TaintNodesByCondition) goes.
+        self.plane.kubectl("taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-")
         self.nodes.append(name)
         if plugin:
             self.device_plugin(name)

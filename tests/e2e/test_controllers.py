@@ -512,6 +512,9 @@ def test_more_failing_nodes_than_the_budget_only_the_budget_is_acted_on_and_the_
     )
     (acted,) = tainted()  # the budget: one node, and the breaker stopped the rest
     held = [name for name in failing if name != acted]
+    # Only the node gpuguard acts on is handed off as False: node remediators leave the held ones be.
+    statuses = {name: (own_condition(cluster, name) or {}).get("status") for name in failing}
+    assert statuses == {acted: "False", **dict.fromkeys(held, "Unknown")}
     assert controllers.metric("gpuguard_circuit_breaker_open") == 1
     assert controllers.metric("gpuguard_remediation_held_nodes") == 2
     assert any("CircuitBreakerOpened" in reasons(cluster, kind="Node", name=name) for name in failing), (
@@ -647,6 +650,76 @@ def test_an_excluded_node_gets_events_and_no_writes(
         processes=[controllers],
     )
     assert cluster.kubectl_json("get", "node", excluded)["metadata"]["resourceVersion"] == version
+
+
+def test_nodes_someone_else_handles_get_events_and_no_writes(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    controllers = start(fast_policy(test_id))
+    disrupted = kubelet.node(f"{test_id}-disrupted")
+    cluster.kubectl("taint", "node", disrupted, "karpenter.sh/disrupted:NoSchedule")
+    # What the node lifecycle controller writes once a kubelet stops posting its status.
+    unreachable = kubelet.node(f"{test_id}-unreachable")
+    kubelet.node_condition(unreachable, "Ready", "Unknown")
+    cluster.kubectl("taint", "node", unreachable, "node.kubernetes.io/unreachable:NoSchedule")
+    versions = {}
+    for name in (disrupted, unreachable):
+        kubelet.devices(name, capacity=8, allocatable=0)
+        kubelet.device_plugin(name, ready=False)
+        versions[name] = cluster.kubectl_json("get", "node", name)["metadata"]["resourceVersion"]
+
+    eventually(
+        lambda: "RemediationHeld" in reasons(cluster, kind="Node", name=disrupted),
+        what="the Event saying why it is held",
+        processes=[controllers],
+    )
+    # Its signals' clocks start again until it answers: suspect, never due.
+    eventually(
+        lambda: controllers.metric("gpuguard_node_device_health", node=unreachable, state="suspect") == 1,
+        what="the unreachable node assessed",
+        processes=[controllers],
+    )
+    now = {
+        name: cluster.kubectl_json("get", "node", name)["metadata"]["resourceVersion"] for name in versions
+    }
+    assert now == versions
+    assert breaker_state(cluster) != "open"
+
+
+def test_a_node_remediated_twice_keeps_its_marks_until_an_operator_acknowledges_it(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    controllers = start(
+        fast_policy(test_id, recovery={"escalation": {"remediations": 2, "windowSeconds": 600}})
+    )
+    name = kubelet.node(f"{test_id}-a")
+    for episode in (1, 2):
+        kubelet.devices(name, capacity=8, allocatable=7)
+        eventually(
+            lambda: TAINT in taints(cluster, name), what=f"failure {episode} tainted", processes=[controllers]
+        )
+        kubelet.devices(name, capacity=8, allocatable=8)
+        if episode == 1:
+            eventually(
+                lambda: TAINT not in taints(cluster, name), what="recovered once", processes=[controllers]
+            )
+    eventually(
+        lambda: (own_condition(cluster, name) or {}).get("reason") == "RepeatedFailures",
+        what="the condition saying the node failed again",
+        processes=[controllers],
+    )
+    assert TAINT in taints(cluster, name)
+
+    ack = gpuguard_cli(cluster, "nodes", "ack", name)
+    assert ack.returncode == 0 and "acknowledged" in ack.stdout, ack.stderr
+    eventually(
+        lambda: TAINT not in taints(cluster, name),
+        what="recovered once acknowledged",
+        processes=[controllers],
+    )
+    assert own_condition(cluster, name) is None
+    missing = gpuguard_cli(cluster, "nodes", "ack", f"{test_id}-absent")
+    assert missing.returncode == 1 and "not found" in missing.stderr
 
 
 def test_audit_mode_records_what_it_would_do_and_writes_nothing_until_enforced(

@@ -61,5 +61,7 @@ def test_a_subcommand_keeps_what_was_given_before_it_and_bare_nodes_is_the_table
     assert (drivers.run, drivers.policy, drivers.kubeconfig) == (nodes.run_drivers, "p.yaml", "k")
     reset = cli.parser().parse_args(["nodes", "--namespace=ops", "reset-breaker"])
     assert (reset.nodes_command, reset.namespace) == ("reset-breaker", "ops")
+    ack = cli.parser().parse_args(["nodes", "--kubeconfig=k", "ack", "gpu-1"])
+    assert (ack.run, ack.nodes_command, ack.node, ack.kubeconfig) == (nodes.run_health, "ack", "gpu-1", "k")
     table = cli.parser().parse_args(["nodes"])
     assert (table.run, table.nodes_command, table.namespace) == (nodes.run_health, None, "gpuguard")

@@ -26,7 +26,7 @@ from webhook.policy.health import NodeFacts, NodeRecord, PodFacts
 from webhook.policy.model import Policy
 
 from .builders import make_policy
-from .test_health import raw_node
+from .test_health import GPU, raw_node
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 ENFORCE = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 0}}}})
@@ -145,7 +145,7 @@ def test_enforce_writes_the_condition_then_taint_and_record_at_the_versions_it_r
 
 def test_others_taints_are_kept_exactly_in_the_rewritten_list() -> None:
     theirs = {
-        "key": "node.kubernetes.io/unreachable",
+        "key": "example.com/maintenance",
         "effect": "NoExecute",
         "timeAdded": "2026-03-01T11:00:00Z",
     }
@@ -192,6 +192,9 @@ def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
     # The condition says what is wrong; no taint: the breaker opened on this very node.
     assert [kind for kind, _ in writes.calls] == ["status", "node"]
     assert "taints" not in writes.calls[-1][1].get("spec", {})
+    # Said in a form node remediators do not act on: the breaker holds them too.
+    (condition,) = writes.calls[0][1]["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("Unknown", "Held")
     assert flushed(loop, sent) == ["CircuitBreakerOpened", "DeviceUnhealthy", "RemediationHeld"]
 
 
@@ -271,3 +274,74 @@ def test_an_unreadable_record_is_logged_once_while_it_lasts_and_again_when_it_br
         # Deleted: nothing of it is kept.
         loop.node_changed(Change("gpu-1", loop.nodes.get("gpu-1"), None))
         assert loop._reported_errors == set()
+
+
+def test_a_node_someone_else_remediates_gets_no_write_and_an_event_says_why() -> None:
+    disrupted = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+    loop, writes, sent, _ = controller(ENFORCE, raw_node("gpu-1", allocatable=7, taints=[disrupted]))
+    loop.reconcile("gpu-1")
+    assert writes.calls == []
+    assert flushed(loop, sent) == ["RemediationHeld", "RemediationHeld"]
+
+
+def test_a_node_that_does_not_answer_gets_no_write_and_is_never_due() -> None:
+    unreachable = raw_node(
+        "gpu-1",
+        allocatable=0,
+        conditions=[{"type": "Ready", "status": "Unknown"}],
+        taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}],
+    )
+    loop, writes, _, _ = controller(ENFORCE, unreachable)
+    loop.reconcile("gpu-1")
+    assert writes.calls == []
+    assert loop.breaker.logged() == {}
+
+
+def test_a_held_node_is_handed_off_as_unknown_until_gpuguard_acts() -> None:
+    policy = make_policy(
+        {
+            "health": {
+                "mode": "enforce",
+                "signals": {"deviceGap": {"forSeconds": 0}},
+                "budget": {"maxUnhealthy": 1},
+                "circuitBreaker": {"maxNodes": 10},
+            }
+        }
+    )
+    ledger = Ledger()
+    earlier = NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
+    ledger.seed([health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))], policy)  # type: ignore[list-item]
+    loop, writes, _, _ = controller(policy, raw_node("gpu-1", allocatable=7), ledger=ledger)
+    loop.reconcile("gpu-1")
+    (condition,) = writes.calls[0][1]["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("Unknown", "Held")
+    assert "budget" in condition["message"]
+
+
+def test_gpuguards_marks_without_a_record_are_kept_as_its_own_and_reported() -> None:
+    draining = {"type": health.CONDITION_TYPE, "status": "False", "reason": "Draining", "message": "m"}
+    marked = raw_node(
+        "gpu-1",
+        allocatable=0,
+        conditions=[draining],
+        taints=[{"key": health.TAINT_KEY, "effect": "NoSchedule"}],
+    )
+    marked["spec"]["unschedulable"] = True
+    marked["metadata"]["annotations"] = {health.RECORD_ANNOTATION: "[" * 1000 + "]" * 1000}
+    loop, writes, sent, _ = controller(ENFORCE, marked)
+    loop.reconcile("gpu-1")
+    written = NodeRecord.from_json(writes.calls[-1][1]["metadata"]["annotations"][health.RECORD_ANNOTATION])
+    assert written.admitted_at == NOW and written.cordoned
+    entry = loop.ledger.entry("gpu-1")
+    assert entry is not None and entry.record is not None and entry.record.admitted_at == NOW
+    assert "RemediationRecordLost" in flushed(loop, sent)
+
+
+def test_recorded_times_in_the_future_are_taken_as_now_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    future = NodeRecord(signals={f"deviceGap/{GPU}": datetime.datetime(2099, 1, 1, tzinfo=datetime.UTC)})
+    loop, writes, _, _ = controller(ENFORCE, raw_node("gpu-1", allocatable=7, record=future))
+    with caplog.at_level(logging.WARNING, logger="gpuguard.nodehealth"):
+        loop.reconcile("gpu-1")
+    assert "later than now" in caplog.text
+    written = NodeRecord.from_json(writes.calls[-1][1]["metadata"]["annotations"][health.RECORD_ANNOTATION])
+    assert written.signals == {f"deviceGap/{GPU}": NOW}

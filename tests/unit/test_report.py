@@ -80,3 +80,47 @@ def test_explain_says_why_a_node_is_held_and_what_comes_next() -> None:
     assert "due in 5m" in text
     assert "Modes:       condition enforce, taint enforce, drain enforce, evict enforce" in text
     assert text.rstrip().endswith("(gpuguard nodes reset-breaker)")
+
+
+def test_an_escalated_node_says_so_and_how_to_acknowledge_it() -> None:
+    episode = NOW - datetime.timedelta(hours=2)
+    record = NodeRecord(
+        unhealthy_since=episode,
+        admitted_at=episode,
+        clear_since=NOW - datetime.timedelta(hours=1),
+        expected={"nvidia.com/gpu": 8},
+        remediations=(NOW - datetime.timedelta(days=1),),
+    )
+    tainted = [{"key": health.TAINT_KEY, "effect": "NoSchedule"}]
+    cluster = report.Cluster(
+        nodes=[facts("gpu-004", record=record, taints=tainted)], pods=[], breaker=BreakerState()
+    )
+    (row,) = report.plans(cluster, POLICY, NOW)
+    assert (
+        cli_nodes.health_table([row], cluster.breaker, NOW).splitlines()[1].split()[4]
+        == "recovering,escalated"
+    )
+    text = cli_nodes.explain(row, POLICY, cluster.breaker, NOW)
+    assert "expected devices: nvidia.com/gpu=8" in text and "remediated before: 1d ago" in text
+    assert "Escalated:   remediated 2 times within 604800 s" in text and "gpuguard nodes ack gpu-004" in text
+
+
+def test_acknowledging_a_node_annotates_it_with_the_time() -> None:
+    class Patches:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, dict[str, object]]] = []
+
+        def patch(self, name: str, patch: dict[str, object]) -> dict[str, object]:
+            self.sent.append((name, patch))
+            return {}
+
+    nodes = Patches()
+    moment = NOW + datetime.timedelta(seconds=0.5)
+    assert report.acknowledge(nodes, "gpu-004", moment) == "2026-03-01T12:00:00.500000Z"
+    assert nodes.sent == [
+        ("gpu-004", {"metadata": {"annotations": {health.ACK_ANNOTATION: "2026-03-01T12:00:00.500000Z"}}})
+    ]
+    raw = raw_node("gpu-004")
+    raw["metadata"]["annotations"] = {health.ACK_ANNOTATION: "2026-03-01T12:00:00.500000Z"}
+    read = health.node_facts(raw)
+    assert read is not None and read.acknowledged_at == moment

@@ -2,7 +2,7 @@
 
 `nodes` (no subcommand) is the accelerator nodes' device health as the controllers decide it, `nodes
 explain NODE` one node's signals, record, budget and next steps, `nodes reset-breaker` closes a latched
-circuit breaker (an operator's decision); they list the cluster. `nodes drivers` reads a node list
+circuit breaker and `nodes ack NODE` acknowledges a node (an operator's decisions); they list the cluster. `nodes drivers` reads a node list
 (`kubectl get nodes -o yaml`) or lists the nodes of a cluster. The Kubernetes client is imported only
 to talk to a cluster.
 
@@ -27,6 +27,7 @@ from webhook.policy.model import Policy, PolicyError
 if TYPE_CHECKING:
     from webhook.controllers.fleet import BreakerState
     from webhook.controllers.report import Row
+    from webhook.kube.client import ApiClient
     from webhook.policy.health import NodePlan
 
 NONE = "<none>"
@@ -73,7 +74,8 @@ def drivers_table(pools: list[drivers.PoolDrivers]) -> str:
 
 
 def run_health(args: argparse.Namespace) -> int:
-    """`nodes`, `nodes explain NODE`, `nodes reset-breaker`: the cluster as the controllers see it."""
+    """`nodes`, `nodes explain NODE`, `nodes reset-breaker`, `nodes ack NODE`: the cluster as the controllers
+    see it, and the operator's decisions."""
     from webhook.controllers import report  # the Kubernetes client only against a cluster
     from webhook.kube.client import ApiError, api_client
 
@@ -84,6 +86,8 @@ def run_health(args: argparse.Namespace) -> int:
             closed = report.reset_breaker(api, args.namespace, now)
             print("circuit breaker closed" if closed else "circuit breaker is not open: nothing to do")
             return output.EXIT_OK
+        if args.nodes_command == "ack":
+            return _acknowledge(api, args.node, now)
         policy, source = _policy(args, lambda configmap: report.read_policy(api, configmap))
         cluster = report.read_cluster(api, args.namespace)
     except ApiError as exc:
@@ -98,6 +102,22 @@ def run_health(args: argparse.Namespace) -> int:
         return output.EXIT_OK
     sys.stdout.write(health_table(rows, cluster.breaker, now))
     print(f"policy {policy.hash} from {source}", file=sys.stderr)
+    return output.EXIT_OK
+
+
+def _acknowledge(api: ApiClient, node: str, now: datetime.datetime) -> int:
+    from webhook.controllers import report
+    from webhook.kube.remediation import NodeWriter, NotFoundError
+
+    try:
+        moment = report.acknowledge(NodeWriter(api), node, now)
+    except NotFoundError:
+        output.error(f"node {node} not found")
+        return output.EXIT_FAILED
+    print(
+        f"node {node} acknowledged at {moment}: gpuguard forgets its repeated failures and expected device"
+        " counts from before now"
+    )
     return output.EXIT_OK
 
 
@@ -138,7 +158,12 @@ def _signals(plan: NodePlan, now: datetime.datetime) -> str:
 def _state(plan: NodePlan) -> str:
     state = plan.assessment.state
     if plan.hands_off:
-        return f"{state},excluded" if "labelled" in plan.hands_off else f"{state},paused"
+        for word, why in (("labelled", "excluded"), ("paused", "paused")):
+            if word in plan.hands_off:
+                return f"{state},{why}"
+        return f"{state},others"
+    if plan.escalated:
+        return f"{state},escalated"
     return f"{state},held" if plan.held and state == "unhealthy" else state
 
 
@@ -225,6 +250,16 @@ def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datet
         lines.append(f"  cordoned by gpuguard: {'yes' if record.cordoned else 'no'}")
         if record.last_action:
             lines.append(f"  last action: {record.last_action} {_age(record.last_action_at, now)} ago")
+        if record.expected:
+            expected = ",".join(f"{name}={count}" for name, count in sorted(record.expected.items()))
+            lines.append(f"  expected devices: {expected}")
+        if record.remediations:
+            past = ", ".join(f"{_age(moment, now)} ago" for moment in record.remediations)
+            lines.append(f"  remediated before: {past}")
+        if record.acknowledged_at is not None:
+            lines.append(f"  acknowledged: {_age(record.acknowledged_at, now)} ago")
+    if plan.record_lost:
+        lines.append(f"Record lost: {plan.record_lost}")
     modes = ", ".join(
         f"{action} {policy.health_mode(action)}" for action in ("condition", "taint", "drain", "evict")
     )
@@ -233,6 +268,8 @@ def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datet
     lines += [f"  {step.action}: {EFFECTS[step.effect]}: {step.note}" for step in plan.steps] or [f"  {NONE}"]
     if plan.hands_off or plan.held:
         lines.append(f"Held:        {plan.hands_off or plan.held}")
+    if plan.escalated:
+        lines.append(f"Escalated:   {plan.escalated}")
     lines.append(breaker_line(breaker, now).capitalize())
     return "\n".join(lines) + "\n"
 
@@ -281,6 +318,13 @@ def register(commands: output.Commands) -> None:
         nodes, "reset-breaker", help="close a latched circuit breaker (an operator's decision)"
     )
     _health_options(reset, inherited=True)
+    ack = output.add_parser(
+        nodes,
+        "ack",
+        help="acknowledge a node: gpuguard forgets its repeated failures and expected device counts so far",
+    )
+    ack.add_argument("node", metavar="NODE", help="the Node's name")
+    _health_options(ack, inherited=True)
     node_drivers = output.add_parser(
         nodes,
         "drivers",

@@ -163,6 +163,7 @@ class NodeHealth:
         facts = self.nodes.get(name)
         if facts is None:
             self.ledger.forget(name)
+            self._reported_errors.discard(name)
             return Result()
         if not facts.record_error:
             self._reported_errors.discard(name)  # a record that breaks again is reported again
@@ -184,6 +185,14 @@ class NodeHealth:
         )
         previous = self.ledger.entry(name)
         plan = health.plan_node(facts, pods, policy, fleet, now, record)
+        if plan.clamped:
+            # The record is compared across replicas: their wall clocks must agree.
+            log.warning(
+                "node %s: recorded times later than now (%s) taken as now",
+                name,
+                ", ".join(plan.clamped),
+                extra={"fields": {"node": name, "clamped": list(plan.clamped)}},
+            )
         self.ledger.update(name, plan, persisted=persist, now=now)
         if not breaker.open and self._trips(facts, plan, policy):
             plan = health.plan_node(facts, pods, policy, replace(fleet, breaker_open=True), now, record)
@@ -253,6 +262,15 @@ class NodeHealth:
             self.writes.patch(facts.name, node_patch)
 
     def _report(self, facts: NodeFacts, plan: NodePlan, policy: Policy) -> None:
+        if plan.record_lost:
+            log.warning("node %s: %s", facts.name, plan.record_lost)
+            self.events.record(
+                _ref(facts.name, facts.uid),
+                "RemediationRecordLost",
+                plan.record_lost,
+                action="Adopt",
+                warning=True,
+            )
         for step in plan.steps:
             self.registry.inc(series.REMEDIATIONS, step.action, OUTCOMES[step.effect])
             reason = EVENT_REASONS.get((step.action, step.effect), "RemediationHeld")

@@ -2,8 +2,8 @@
 
 The verdicts are the controllers' own (`health.plan_node` over the listed Nodes and Pods, the records
 on the nodes and the breaker's ConfigMap), computed here and now; nothing is written, except by
-`reset_breaker`, which closes the circuit breaker in its ConfigMap. The command line (webhook.cli.nodes)
-prints them.
+`reset_breaker`, which closes the circuit breaker in its ConfigMap, and `acknowledge`, which annotates
+one node. The command line (webhook.cli.nodes) prints them.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import datetime
 import getpass
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from webhook.controllers.fleet import BreakerState, Ledger
 from webhook.kube import remediation
@@ -98,3 +99,15 @@ def reset_breaker(api: ApiClient, namespace: str, now: datetime.datetime) -> Bre
     closed = BreakerState(False, state.opened_at, state.reason, closed_at, getpass.getuser())
     store.write({**stored.data, **closed.to_data()}, stored)
     return closed
+
+
+class NodePatch(Protocol):
+    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def acknowledge(nodes: NodePatch, name: str, now: datetime.datetime) -> str:
+    """An operator's acknowledgement of a node: gpuguard forgets the repeated failures and the expected
+    device counts it recorded before `now` (the controllers act on the annotation). The time written."""
+    moment = health.format_record_time(now)
+    nodes.patch(name, {"metadata": {"annotations": {health.ACK_ANNOTATION: moment}}})
+    return moment

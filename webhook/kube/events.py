@@ -40,6 +40,7 @@ Reason = Literal[
     "RemediationCancelled",
     "WouldCancelRemediation",
     "RemediationHeld",
+    "RemediationRecordLost",
     "CircuitBreakerOpened",
     "WouldOpenCircuitBreaker",
     "CircuitBreakerClosed",

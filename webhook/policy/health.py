@@ -25,6 +25,9 @@ from webhook.policy.quantity import whole_count
 TAINT_KEY = "gpuguard.io/device-unhealthy"
 CONDITION_TYPE = "GPUGuardDeviceHealthy"
 RECORD_ANNOTATION = "gpuguard.io/remediation"
+# An operator's acknowledgement of a node (an RFC 3339 time, `gpuguard nodes ack`): it clears the
+# repeated-failure hold and the expected device counts recorded before it.
+ACK_ANNOTATION = "gpuguard.io/acknowledged"
 EXCLUDE_LABEL = "gpuguard.io/exclude-from-remediation"
 DISRUPTION_TARGET = "DisruptionTarget"
 CLAIM_PREFIX = "claim:"
@@ -35,7 +38,13 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 HealthState = Literal["healthy", "suspect", "unhealthy", "recovering"]
 SignalKind = Literal[
-    "deviceGap", "podDevice", "podDeviceUnknown", "devicePlugin", "capacityVanished", "nodeCondition"
+    "deviceGap",
+    "deviceMissing",
+    "podDevice",
+    "podDeviceUnknown",
+    "devicePlugin",
+    "capacityVanished",
+    "nodeCondition",
 ]
 Effect = Literal["do", "would", "hold"]
 # The steps of the ladder as they appear in Events, metrics and `gpuguard nodes`.
@@ -109,44 +118,116 @@ class NodeRecord:
     cancelled_at: datetime.datetime | None = None
     last_action: str = ""
     last_action_at: datetime.datetime | None = None
+    # The Node (uid) the expected counts and the history below were seen on.
+    uid: str = ""
+    # The most devices seen per accelerator resource on this node: fewer is a device gone, not a
+    # recovery. Kept while the record is, set again when the resources change (a new MIG layout).
+    expected: Mapping[str, int] = field(default_factory=dict)
+    # When each past episode gpuguard acted on became due (bounded by health.recovery.escalation).
+    remediations: tuple[datetime.datetime, ...] = ()
+    # The operator's acknowledgement (annotation gpuguard.io/acknowledged) already taken into account.
+    acknowledged_at: datetime.datetime | None = None
 
     def to_json(self) -> str:
-        data: dict[str, Any] = {"signals": {key: format_time(t) for key, t in sorted(self.signals.items())}}
-        for name in ("unhealthy_since", "clear_since", "admitted_at", "draining_since", "cancelled_at"):
+        data: dict[str, Any] = {
+            "signals": {key: format_record_time(t) for key, t in sorted(self.signals.items())}
+        }
+        for name in _RECORD_TIMES:
             moment = getattr(self, name)
             if moment is not None:
-                data[_camel(name)] = format_time(moment)
+                data[_camel(name)] = format_record_time(moment)
         if self.cordoned:
             data["cordoned"] = True
         if self.last_action:
             data["lastAction"] = self.last_action
             if self.last_action_at is not None:
-                data["lastActionAt"] = format_time(self.last_action_at)
+                data["lastActionAt"] = format_record_time(self.last_action_at)
+        if self.uid:
+            data["uid"] = self.uid
+        if self.expected:
+            data["expected"] = dict(sorted(self.expected.items()))
+        if self.remediations:
+            data["remediations"] = [format_record_time(moment) for moment in self.remediations]
         return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> NodeRecord:
-        """Raises ValueError for anything but a record this module wrote."""
-        data = json.loads(text)
+        """Raises ValueError for anything but a record this module wrote (too long, too deep, a field
+        of the wrong type): whatever is in the annotation, the error is this node's alone."""
+        if len(text) > MAX_RECORD_CHARS:
+            raise ValueError(f"the record is longer than {MAX_RECORD_CHARS} characters")
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise ValueError("the record is nested too deeply") from None
         if not isinstance(data, dict):
             raise ValueError("the record is not a JSON object")
         signals = {key: _parse_time(value) for key, value in _mapping(data.get("signals")).items()}
         times = {name: _parse_time(data.get(_camel(name))) for name in _RECORD_TIMES}
+        expected = _mapping(data.get("expected"))
+        if not all(type(count) is int and count >= 0 for count in expected.values()):
+            raise ValueError("the record's expected device counts are not counts")
+        remediations = data.get("remediations", [])
+        if not isinstance(remediations, list):
+            raise ValueError("the record's remediations are not a list")
+        last_action, uid = data.get("lastAction", ""), data.get("uid", "")
+        if not isinstance(last_action, str) or not isinstance(uid, str):
+            raise ValueError("the record's lastAction and uid must be strings")
         return cls(
             signals={key: moment for key, moment in signals.items() if moment is not None},
             cordoned=data.get("cordoned") is True,
-            last_action=str(data.get("lastAction") or ""),
+            last_action=last_action,
             last_action_at=_parse_time(data.get("lastActionAt")),
+            uid=uid,
+            expected=dict(expected),
+            remediations=tuple(sorted(m for m in map(_parse_time, remediations) if m is not None)),
             **times,
         )
 
 
-_RECORD_TIMES = ("unhealthy_since", "clear_since", "admitted_at", "draining_since", "cancelled_at")
+_RECORD_TIMES = (
+    "unhealthy_since",
+    "clear_since",
+    "admitted_at",
+    "draining_since",
+    "cancelled_at",
+    "acknowledged_at",
+)
+# The longest record annotation read: a record of gpuguard's own stays far below it.
+MAX_RECORD_CHARS = 16_384
 
 
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
+
+
+def format_record_time(moment: datetime.datetime) -> str:
+    """RFC 3339 in UTC, with the fraction of a second when there is one: a wait timed from a record
+    must never end early because the record dropped a fraction."""
+    moment = moment.astimezone(datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if moment.microsecond else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def clamped(record: NodeRecord, now: datetime.datetime) -> tuple[NodeRecord, tuple[str, ...]]:
+    """The record with every time later than `now` set to `now`, and the fields that were: a time in
+    the future (a tampered record, a previous leader's clock running ahead) would hold a wait off.
+    The acknowledgement is not a time gpuguard took: it is kept as the operator wrote it."""
+    later = [name for name in _CLOCK_TIMES if (getattr(record, name) or now) > now]
+    later += [f"signals[{key}]" for key, moment in sorted(record.signals.items()) if moment > now]
+    later += ["remediations"] if any(moment > now for moment in record.remediations) else []
+    if not later:
+        return record, ()
+    times: dict[str, Any] = {name: now for name in _CLOCK_TIMES if name in later}
+    return replace(
+        record,
+        signals={key: min(moment, now) for key, moment in record.signals.items()},
+        remediations=tuple(min(moment, now) for moment in record.remediations),
+        **times,
+    ), tuple(later)
+
+
+_CLOCK_TIMES = (*(name for name in _RECORD_TIMES if name != "acknowledged_at"), "last_action_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +248,8 @@ class NodeFacts:
     record: NodeRecord | None = None
     # The annotation is there but unreadable (edited by hand): treated as no record, and reported.
     record_error: str = ""
+    # The operator's acknowledgement (ACK_ANNOTATION), None when there is none.
+    acknowledged_at: datetime.datetime | None = None
 
     @property
     def tainted(self) -> bool:
@@ -284,6 +367,7 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts | None:
         taints=taints,
         record=record,
         record_error=record_error,
+        acknowledged_at=_parse_time(annotations.get(ACK_ANNOTATION)),
     )
 
 
@@ -452,12 +536,20 @@ def is_accelerator_node(node: NodeFacts, policy: Policy) -> bool:
 
 
 def left_alone(node: NodeFacts, policy: Policy) -> str:
-    """Why gpuguard writes nothing to this node and evicts none of its pods (excluded, paused); ""
-    when it may act. The node controller and the pod watcher both ask this."""
+    """Why gpuguard writes nothing to this node and evicts none of its pods (excluded, paused, someone
+    else's: the node lifecycle controller's or another remediator's); "" when it may act. The node
+    controller and the pod watcher both ask this. Events may still say why."""
+    health = policy.health
     if node.labels.get(EXCLUDE_LABEL) == "true":
         return f"the node is labelled {EXCLUDE_LABEL}=true"
-    if policy.health.paused:
+    if health.paused:
         return "remediation is paused (health.paused)"
+    lifecycle = _not_ready(node)
+    if lifecycle:
+        return f"the node lifecycle controller handles the node: {lifecycle}"
+    other = next((t.key for t in node.taints if t.key in health.othersRemediatingTaints), None)
+    if other is not None:
+        return f"taint {other} shows someone else remediates the node"
     return ""
 
 
@@ -610,6 +702,17 @@ def assess(
                     resource=resource,
                     devices=missing,
                 )
+        for resource, (capacity, expected) in missing_devices(node, record, policy).items():
+            # A device gone from capacity does not come back by itself: only a new node, a new layout
+            # or an operator's acknowledgement clears this.
+            signal(
+                f"deviceMissing/{resource}",
+                "deviceMissing",
+                f"{resource}: {expected - capacity} of {expected} expected devices missing (capacity {capacity})",
+                gap_seconds,
+                resource=resource,
+                devices=expected - capacity,
+            )
         # Vanished needs something that was there: the kubelet writes an explicit 0 for a resource whose
         # plugin went away (or, after its own restart, until the plugin registers again). A node with an
         # accelerator label and no accelerator resource at all (DRA, passthrough, no plugin by design)
@@ -696,7 +799,17 @@ def assess(
         state=state,
         failed_share=failed_share,
         # Terminating pods still hold their devices until the kubelet ends them.
-        drained=not any(pod.owner_kind != "DaemonSet" and not pod.mirror for pod in live_pods),
+        drained=not any(_drain_evicts(pod, policy) for pod in live_pods),
+    )
+
+
+def _drain_evicts(pod: PodFacts, policy: Policy) -> bool:
+    """A drain evicts the pod (so waits for it): not a DaemonSet's or a static pod, and evictions are
+    enforced in its namespace (by name; a namespace chosen by a selector is not known here)."""
+    return (
+        pod.owner_kind != "DaemonSet"
+        and not pod.mirror
+        and policy.health_mode("evict", pod.namespace) == "enforce"
     )
 
 
@@ -753,11 +866,23 @@ class NodePlan:
     tainted: bool
     unschedulable: bool
     steps: tuple[Step, ...]
-    # Why gpuguard writes nothing to the node at all (excluded, paused); "" otherwise.
+    # Why gpuguard writes nothing to the node at all (excluded, paused, someone else remediates it, the
+    # node lifecycle controller handles it); "" otherwise.
     hands_off: str
     # Why disruptive steps are held back (budget, breaker, someone else's cordon); "" otherwise.
     held: str
     requeue_after: float | None
+    # The node became due for remediation with this plan (the record's unhealthy_since is new): what
+    # the circuit breaker counts. Never for a node left alone.
+    became_due: bool = False
+    # gpuguard's marks are on the node without a readable record of them: the record was rebuilt from
+    # the marks, and this says so (a warning to report); "" otherwise.
+    record_lost: str = ""
+    # The record's times that were later than now, clamped to now (to log).
+    clamped: tuple[str, ...] = ()
+    # Why gpuguard keeps its marks on a node whose devices are clear again (repeated failures), until
+    # an operator acknowledges it; "" otherwise.
+    escalated: str = ""
 
     def budget_slot(self) -> bool:
         """The node takes a place in its pool's budget."""
@@ -777,7 +902,9 @@ def plan_node(
     record: NodeRecord | None = None,
 ) -> NodePlan:
     """The ladder for one node: condition, then taint, then cordon and drain, undone on recovery."""
-    record = record if record is not None else node.record or NodeRecord()
+    record, record_lost = owned_record(node, record if record is not None else node.record, now)
+    record, clamped_fields = clamped(record, now)
+    record = _carried(node, record)
     assessment = assess(node, pods, policy, now, record)
     health = policy.health
     modes: dict[StepAction, Mode] = {
@@ -790,10 +917,14 @@ def plan_node(
         return NodePlan(assessment, None, *keep.values(), (), "", "", None)
 
     hands_off = left_alone(node, policy)
-    record = _bookkeeping(record, assessment, now)
+    was_due = record.unhealthy_since is not None
+    # A node someone else cordoned (a reboot, a maintenance) is theirs until they give it back: it
+    # becomes due, for the breaker too, only once gpuguard may act on it.
+    may_become_due = not hands_off and not _cordoned_by_others(node, record)
+    record = _bookkeeping(record, assessment, node, policy, now, may_become_due=may_become_due)
     steps: list[Step] = []
     wanted = keep
-    held = ""
+    held = escalated = ""
     due = assessment.due(now)
     if assessment.state == "unhealthy":
         # The disruptive rungs first: the condition's reason tells how far the ladder went.
@@ -816,8 +947,10 @@ def plan_node(
             )
         held = hands_off or _held(node, record, assessment, fleet, policy)
         disruptive = modes["taint"] != "off" or modes["drain"] != "off"
+        # The condition is an action too: node remediators act on it, so it takes a budget place.
+        acting = disruptive or modes["condition"] != "off"
         admitted = record.admitted_at is not None
-        if not admitted and disruptive and not held and due:
+        if not admitted and acting and not held and due:
             record = replace(record, admitted_at=now)
             admitted = True
         summary = _summary(assessment, due)
@@ -852,35 +985,30 @@ def plan_node(
                     unschedulable=True,
                     note=f"cordon and evict accelerator pods: {_share(assessment)}",
                 )
-                if ladder and ladder[-1].action == "drain" and ladder[-1].effect != "hold":
-                    cordoned = ladder[-1].effect == "do" and not node.unschedulable
-                    record = replace(record, draining_since=now, cordoned=cordoned)
+                # Only a drain done is recorded: one only said (audit) is said again, and when the
+                # drain is enforced it starts with the cordon, as on any node.
+                if ladder and ladder[-1].action == "drain" and ladder[-1].effect == "do":
+                    record = replace(record, draining_since=now, cordoned=not node.unschedulable)
         elif held and disruptive and due:
             ladder.append(Step("taint", "hold", modes["taint"], held))
-        condition = _condition(assessment, record, summary)
         last = record.last_action, record.last_action_at
-        wanted, record = _step(
-            steps,
-            wanted,
-            record,
-            "condition",
-            modes,
-            hands_off,
-            now,
-            change=node.condition != condition,
-            condition=condition,
-            note=summary,
-        )
+        condition = _condition(assessment, record, summary, held)
+        wanted, record = _mark(steps, wanted, record, node, condition, modes, hands_off, now)
         if any(step.effect == "do" for step in ladder):
             record = replace(record, last_action=last[0], last_action_at=last[1])
         steps.extend(ladder)
     elif assessment.state == "recovering":
         assert record.clear_since is not None
         recover_at = record.clear_since + datetime.timedelta(seconds=health.recovery.afterSeconds)
-        if now >= recover_at:
-            wanted, record = _recover(steps, node, record, modes, hands_off, now)
+        escalated = _escalation(node, record, policy) if now >= recover_at else ""
+        if escalated:
+            condition = OwnCondition("False", "RepeatedFailures", escalated)
+            wanted, record = _mark(steps, wanted, record, node, condition, modes, hands_off, now)
+        elif now >= recover_at:
+            rest = _between_episodes(record, policy, now, remediated=True)
+            wanted, record = _recover(steps, node, record, rest, modes, hands_off, now)
     elif assessment.state == "healthy":
-        record = NodeRecord()
+        record = _between_episodes(record, policy, now, remediated=False)
 
     return NodePlan(
         assessment=assessment,
@@ -891,7 +1019,13 @@ def plan_node(
         steps=tuple(steps),
         hands_off=hands_off,
         held=held,
-        requeue_after=_requeue_after(assessment, record, policy, now, held),
+        # A node that does not answer restarts its signals' clocks: only its coming back (a change of
+        # the node, which requeues it) can change the verdict.
+        requeue_after=None if _not_ready(node) else _requeue_after(assessment, record, policy, now, held),
+        became_due=not was_due and record.unhealthy_since is not None,
+        record_lost=record_lost,
+        clamped=clamped_fields,
+        escalated=escalated,
     )
 
 
@@ -943,19 +1077,156 @@ def _step(
     return replace(wanted, **changes), replace(record, last_action=action, last_action_at=now)
 
 
-def _bookkeeping(record: NodeRecord, assessment: Assessment, now: datetime.datetime) -> NodeRecord:
-    """First-seen times of the current signals (a signal that cleared starts again when it returns),
-    when the node first became due, and since when it has been clear."""
-    signals = {signal.key: signal.since for signal in assessment.signals}
+def _mark(
+    steps: list[Step],
+    wanted: _Wanted,
+    record: NodeRecord,
+    node: NodeFacts,
+    condition: OwnCondition,
+    modes: Mapping[StepAction, Mode],
+    hands_off: str,
+    now: datetime.datetime,
+) -> tuple[_Wanted, NodeRecord]:
+    """The condition rung: gpuguard's condition as it should read, a step when the node's differs."""
+    return _step(
+        steps,
+        wanted,
+        record,
+        "condition",
+        modes,
+        hands_off,
+        now,
+        change=node.condition != condition,
+        condition=condition,
+        note=condition.message,
+    )
+
+
+# The condition reasons that say gpuguard drained the node, so cordoned it.
+DRAIN_REASONS = frozenset({"Draining", "Drained"})
+# The node lifecycle controller's taints: the node does not answer, and that controller handles it.
+NODE_LIFECYCLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def owned_record(
+    node: NodeFacts, record: NodeRecord | None, now: datetime.datetime
+) -> tuple[NodeRecord, str]:
+    """gpuguard's record of the node, rebuilt from its marks when there is none (stripped, or
+    unreadable) and the node carries gpuguard's taint or condition: what they show gpuguard did keeps
+    its budget place and stays gpuguard's to undo. The second value says so ("" for a record read)."""
+    if record is not None:
+        return record, ""
+    own = node.condition
+    marks = [mark for mark, on in (("taint", node.tainted), ("condition", own is not None)) if on]
+    if not marks:
+        return NodeRecord(), ""
+    acted = node.tainted or (own is not None and own.status == "False")
+    # Only gpuguard's drain writes these reasons, and it drains only a node it cordons itself.
+    drained = node.unschedulable and own is not None and own.status == "False" and own.reason in DRAIN_REASONS
+    rebuilt = NodeRecord(
+        unhealthy_since=now,
+        admitted_at=now if acted else None,
+        cordoned=drained,
+        draining_since=now if drained else None,
+        uid=node.uid,
+    )
+    missing = node.record_error or f"annotation {RECORD_ANNOTATION} is missing"
+    cordon = ", its cordon included" if drained else ""
+    return (
+        rebuilt,
+        f"gpuguard's {' and '.join(marks)} are on the node but {missing}: it keeps them as its own{cordon}",
+    )
+
+
+def _carried(node: NodeFacts, record: NodeRecord) -> NodeRecord:
+    """What of the record still holds: the expected counts and the history belong to one Node (uid),
+    and an operator's acknowledgement newer than the last one taken clears both. A drain gpuguard did
+    always comes with its cordon: one recorded without (an earlier version recorded drains it only
+    said) was never done."""
+    if record.draining_since is not None and not record.cordoned:
+        record = replace(record, draining_since=None)
+    if record.uid and node.uid and record.uid != node.uid:
+        record = replace(record, expected={}, remediations=())
+    ack = node.acknowledged_at
+    if ack is not None and (record.acknowledged_at is None or ack > record.acknowledged_at):
+        kept = tuple(moment for moment in record.remediations if moment > ack)
+        record = replace(record, expected={}, remediations=kept, acknowledged_at=ack)
+    return record
+
+
+def _not_ready(node: NodeFacts) -> str:
+    """Why the node does not answer (its pods' readiness says nothing of its devices); "" when it does."""
+    ready = node.conditions.get("Ready", "True")
+    if ready != "True":
+        return f"its Ready condition is {ready}"
+    taint = next((t.key for t in node.taints if t.key in NODE_LIFECYCLE_TAINTS), None)
+    return f"it carries taint {taint}" if taint is not None else ""
+
+
+def _bookkeeping(
+    record: NodeRecord,
+    assessment: Assessment,
+    node: NodeFacts,
+    policy: Policy,
+    now: datetime.datetime,
+    *,
+    may_become_due: bool,
+) -> NodeRecord:
+    """First-seen times of the current signals (a signal that cleared starts again when it returns;
+    all start again once a node that did not answer does), when the node first became due (never
+    while it is left alone), since when it has been clear, and the devices it showed."""
+    signals = {signal.key: signal.since for signal in assessment.signals} if not _not_ready(node) else {}
     unhealthy_since = record.unhealthy_since
-    if unhealthy_since is None and assessment.due(now):
+    if unhealthy_since is None and may_become_due and assessment.due(now):
         unhealthy_since = now
     clear_since = record.clear_since
     if assessment.signals:
         clear_since = None
     elif clear_since is None:
         clear_since = now
-    return replace(record, signals=signals, unhealthy_since=unhealthy_since, clear_since=clear_since)
+    return replace(
+        record,
+        signals=signals,
+        unhealthy_since=unhealthy_since,
+        clear_since=clear_since,
+        uid=node.uid or record.uid,
+        expected=_seen_devices(node, record, policy),
+    )
+
+
+def _registered_devices(node: NodeFacts, policy: Policy) -> dict[str, int]:
+    """The accelerator resources the node reports devices of, and how many."""
+    accelerators = policy.accelerators
+    return {
+        name: count
+        for name, count in node.capacity.items()
+        if count > 0 and accelerators.is_accelerator_resource(name)
+    }
+
+
+def _seen_devices(node: NodeFacts, record: NodeRecord, policy: Policy) -> dict[str, int]:
+    """The most devices seen per resource: what the record expects from now on. No capacity at all
+    (a kubelet restart, a plugin gone) changes nothing; other resource names (a new MIG layout, a new
+    sharing configuration) start again from what the node reports."""
+    reported = _registered_devices(node, policy)
+    if not reported:
+        return dict(record.expected)
+    seen = record.expected if set(record.expected) == set(reported) else {}
+    return {name: max(count, seen.get(name, 0)) for name, count in reported.items()}
+
+
+def missing_devices(node: NodeFacts, record: NodeRecord, policy: Policy) -> dict[str, tuple[int, int]]:
+    """resource -> (capacity, expected) where the node reports fewer devices than the most gpuguard
+    recorded on it (same resources) or the policy's expectedDevices for its class."""
+    reported = _registered_devices(node, policy)
+    seen = record.expected if set(record.expected) == set(reported) else {}
+    baseline = policy.health.expected_devices(node.labels)
+    missing = {}
+    for name, capacity in sorted(reported.items()):
+        expected = max(seen.get(name, 0), baseline.get(name, 0))
+        if capacity < expected:
+            missing[name] = (capacity, expected)
+    return missing
 
 
 def _held(node: NodeFacts, record: NodeRecord, assessment: Assessment, fleet: Fleet, policy: Policy) -> str:
@@ -963,10 +1234,7 @@ def _held(node: NodeFacts, record: NodeRecord, assessment: Assessment, fleet: Fl
     health = policy.health
     if record.cancelled_at is not None:
         return "an operator uncordoned the node during gpuguard's drain; it waits for the node to recover"
-    other = next((t.key for t in node.taints if t.key in health.othersRemediatingTaints), None)
-    if other is not None:
-        return f"taint {other} shows someone else remediates the node"
-    if node.unschedulable and not record.cordoned and record.draining_since is None:
+    if _cordoned_by_others(node, record):
         return "the node was cordoned by someone else"
     if record.admitted_at is not None:
         return ""
@@ -982,6 +1250,10 @@ def _held(node: NodeFacts, record: NodeRecord, assessment: Assessment, fleet: Fl
     return ""
 
 
+def _cordoned_by_others(node: NodeFacts, record: NodeRecord) -> bool:
+    return node.unschedulable and not record.cordoned and record.draining_since is None
+
+
 def _share(assessment: Assessment) -> str:
     return f"{assessment.failed_share:.0%} of its devices failed"
 
@@ -993,22 +1265,71 @@ def _summary(assessment: Assessment, due: Sequence[Signal]) -> str:
     return message
 
 
-def _condition(assessment: Assessment, record: NodeRecord, summary: str) -> OwnCondition:
+def _condition(assessment: Assessment, record: NodeRecord, summary: str, held: str) -> OwnCondition:
+    """False, what node remediators act on, only while gpuguard itself acts on the node; until then
+    (held by the budget, the breaker, someone else's cordon; not due yet) status Unknown with reason
+    Held, which they leave alone: the remediator a node is handed to obeys gpuguard's brakes."""
+    if record.admitted_at is None or record.cancelled_at is not None:
+        return OwnCondition("Unknown", "Held", f"{summary}; held: {held or 'the signals have not persisted'}")
     reason = "DevicesUnhealthy"
     if record.draining_since is not None:
         reason = "Drained" if assessment.drained else "Draining"
     return OwnCondition("False", reason, summary)
 
 
+def _escalation(node: NodeFacts, record: NodeRecord, policy: Policy) -> str:
+    """Why the node keeps gpuguard's marks although its devices are clear: it was remediated
+    escalation.remediations times within the window that ends with this episode, and no operator
+    acknowledged it since. "" when it recovers."""
+    escalation = policy.health.recovery.escalation
+    episode = record.unhealthy_since
+    if not escalation.remediations or record.admitted_at is None or episode is None:
+        return ""
+    if record.acknowledged_at is not None and record.acknowledged_at >= episode:
+        return ""
+    start = episode - datetime.timedelta(seconds=escalation.windowSeconds)
+    count = 1 + sum(1 for moment in record.remediations if start <= moment < episode)
+    if count < escalation.remediations:
+        return ""
+    return (
+        f"remediated {count} times within {escalation.windowSeconds} s: gpuguard keeps its marks until an "
+        f"operator acknowledges the node (gpuguard nodes ack {node.name}, or the annotation {ACK_ANNOTATION})"
+    )
+
+
+def _between_episodes(
+    record: NodeRecord, policy: Policy, now: datetime.datetime, *, remediated: bool
+) -> NodeRecord:
+    """What the record keeps once an episode is over: the node's identity, the devices it showed, and
+    the episodes gpuguard acted on (this one too when `remediated`) that may still escalate one: within
+    the window, after the operator's last acknowledgement."""
+    escalation = policy.health.recovery.escalation
+    history = set(record.remediations)
+    if remediated and record.admitted_at is not None and record.unhealthy_since is not None:
+        history.add(record.unhealthy_since)
+    start = now - datetime.timedelta(seconds=escalation.windowSeconds)
+    if record.acknowledged_at is not None:
+        start = max(start, record.acknowledged_at + datetime.timedelta.resolution)
+    recent = sorted(moment for moment in history if moment >= start)
+    return NodeRecord(
+        uid=record.uid,
+        expected=record.expected,
+        remediations=tuple(recent[-escalation.remediations :]) if escalation.remediations else (),
+        acknowledged_at=record.acknowledged_at,
+    )
+
+
 def _recover(
     steps: list[Step],
     node: NodeFacts,
     record: NodeRecord,
+    rest: NodeRecord,
     modes: Mapping[StepAction, Mode],
     hands_off: str,
     now: datetime.datetime,
 ) -> tuple[_Wanted, NodeRecord]:
-    """Undoes exactly gpuguard's marks: its condition, its taint, and the cordon only if it cordoned."""
+    """Undoes exactly gpuguard's marks: its condition, its taint, and the cordon only if it cordoned.
+    Once they are gone the record is `rest`."""
     wanted = _Wanted(node.condition, node.tainted, node.unschedulable)
     undo: list[tuple[StepAction, dict[str, Any]]] = []
     if node.condition is not None:
@@ -1020,7 +1341,7 @@ def _recover(
     marks = ", ".join({"condition": "condition", "taint": "taint", "drain": "cordon"}[a] for a, _ in undo)
     effects = [modes[action] for action, _ in undo if modes[action] != "off"]
     if not effects:
-        return wanted, NodeRecord() if not undo else record
+        return wanted, rest if not undo else record
     note = f"devices healthy again: removing gpuguard's {marks}"
     if hands_off:
         steps.append(Step("recover", "hold", effects[0], hands_off))
@@ -1033,12 +1354,14 @@ def _recover(
     steps.append(Step("recover", effect, "enforce" if effect == "do" else effects[0], note))
     left = wanted.condition is not None or wanted.tainted or (record.cordoned and wanted.unschedulable)
     if done and not left:
-        return wanted, NodeRecord()
+        return wanted, rest
     return wanted, replace(record, last_action="recover", last_action_at=now)
 
 
 def _empty(record: NodeRecord) -> bool:
-    return record == NodeRecord()
+    """Nothing worth keeping on the node: what is known of the node itself (uid, devices, the last
+    acknowledgement) is kept only along with an episode or a history."""
+    return replace(record, uid="", expected={}, acknowledged_at=None) == NodeRecord()
 
 
 def _requeue_after(

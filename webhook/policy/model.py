@@ -82,6 +82,8 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 # The key of the policy ConfigMap that holds the policy YAML.
 CONFIGMAP_KEY = "policy.yaml"
 MAX_REMEMBERED_NAMES = 1024
+# The most past remediations a node's record keeps (health.recovery.escalation.remediations).
+MAX_REMEMBERED_REMEDIATIONS = 100
 
 
 def _no_boolean_mode(value: object) -> object:
@@ -465,8 +467,24 @@ class HealthSignals(_Model):
         return self
 
 
+class Escalation(_Model):
+    # This many remediations of one node within windowSeconds (the latest included) keep gpuguard's
+    # marks on it when its devices are clear again, until an operator acknowledges it; 0: never.
+    remediations: int = Field(ge=0, le=MAX_REMEMBERED_REMEDIATIONS)
+    windowSeconds: Seconds
+
+
 class Recovery(_Model):
     afterSeconds: WaitSeconds
+    escalation: Escalation
+
+
+class ExpectedDevices(_Model):
+    """The device counts a class of nodes (those its selector matches) must report: fewer is a failure,
+    even on a node gpuguard never saw with more."""
+
+    selector: LabelSelector
+    resources: dict[LabelKey, Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_PATTERNS)
 
 
 class Eviction(_Model):
@@ -504,6 +522,8 @@ class Health(_Model):
     # Taint keys are qualified names, as label keys are.
     othersRemediatingTaints: list[LabelKey] = Field(max_length=MAX_PATTERNS)
     signals: HealthSignals
+    # The first entry whose selector matches a node gives its expected device counts.
+    expectedDevices: list[ExpectedDevices] = Field(max_length=MAX_PATTERNS)
     recovery: Recovery
     eviction: Eviction
     budget: Budget
@@ -512,6 +532,10 @@ class Health(_Model):
     def pool_of(self, labels: Mapping[str, str]) -> str:
         """The node's pool: the value of the first of `poolLabels` it carries; "" for none."""
         return next((labels[key] for key in self.poolLabels if key in labels), "")
+
+    def expected_devices(self, labels: Mapping[str, str]) -> Mapping[str, int]:
+        """The device counts the policy expects of a node with these labels; empty for none."""
+        return next((e.resources for e in self.expectedDevices if e.selector.matches(labels)), {})
 
 
 class Audit(_Model):
