@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 import pytest
@@ -51,8 +52,16 @@ def test_a_new_leader_counts_its_predecessors_nodes_before_deciding() -> None:
     acted = NodeRecord(admitted_at=NOW, unhealthy_since=NOW)
     ledger = Ledger()
     ledger.seed(
-        [gpu_node("a", "p", allocatable=7, record=acted), gpu_node("b", "p"), gpu_node("c", "p")], POLICY
+        [gpu_node("a", "p", allocatable=7, record=acted), gpu_node("b", "p"), gpu_node("c", "p")], POLICY, NOW
     )
+    assert ledger.admitted_in("p", excluding="b") == 1
+
+
+def test_a_new_leader_counts_a_node_carrying_gpuguards_taint_without_its_record() -> None:
+    tainted = (health.Taint(health.TAINT_KEY, "", "NoSchedule"),)
+    stripped = dataclasses.replace(gpu_node("a", "p", allocatable=7), taints=tainted)
+    ledger = Ledger()
+    ledger.seed([stripped, gpu_node("b", "p")], POLICY, NOW)
     assert ledger.admitted_in("p", excluding="b") == 1
 
 

@@ -182,7 +182,7 @@ def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
     earlier = NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
     ledger, breaker = Ledger(), Breaker(NoStore(), lambda: NOW)
     seeded = [health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))]
-    ledger.seed(seeded, policy)  # type: ignore[arg-type]
+    ledger.seed(seeded, policy, NOW)  # type: ignore[arg-type]
     breaker.seed(seeded)  # type: ignore[arg-type]
     loop, writes, sent, _ = controller(
         policy, raw_node("gpu-1", allocatable=7), ledger=ledger, breaker=breaker
@@ -310,7 +310,7 @@ def test_a_held_node_is_handed_off_as_unknown_until_gpuguard_acts() -> None:
     )
     ledger = Ledger()
     earlier = NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
-    ledger.seed([health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))], policy)  # type: ignore[list-item]
+    ledger.seed([health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))], policy, NOW)  # type: ignore[list-item]
     loop, writes, _, _ = controller(policy, raw_node("gpu-1", allocatable=7), ledger=ledger)
     loop.reconcile("gpu-1")
     (condition,) = writes.calls[0][1]["status"]["conditions"]

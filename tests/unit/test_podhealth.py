@@ -4,6 +4,7 @@ pod-level evictions."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import threading
 from typing import Any
@@ -14,7 +15,7 @@ from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
 from webhook.kube.remediation import EvictionOutcome, EvictionResult
 from webhook.policy import health
-from webhook.policy.health import HELD_RECHECK_SECONDS, NodeFacts, PodFacts
+from webhook.policy.health import HELD_RECHECK_SECONDS, NodeFacts, NodeRecord, PodFacts
 from webhook.policy.model import Policy
 
 from .builders import make_policy
@@ -165,3 +166,16 @@ def test_a_refused_eviction_gives_its_rate_limit_slot_back() -> None:
     assert watcher.evictions.sent == [("ml", "a"), ("ml", "b")]
     # That one happened: the node's minute is spent.
     assert watcher.limits.reserve("gpu-1", "other", policy) > 0
+
+
+def test_a_drain_recorded_without_its_cordon_evicts_nothing() -> None:
+    # An earlier version recorded a drain only said in audit mode; enforcing the drain later must
+    # cordon first (the node controller does), not evict every accelerator pod at once.
+    said = NodeRecord(unhealthy_since=NOW, admitted_at=NOW, draining_since=NOW)
+    done = dataclasses.replace(said, cordoned=True)
+    evicted = []
+    for record in (said, done):
+        watcher = Watcher(enforcing(), [raw_node("gpu-1", record=record)], [raw_pod()])
+        watcher.watcher.reconcile("ml/trainer")
+        evicted.append(watcher.evictions.sent)
+    assert evicted == [[], [("ml", "trainer")]]

@@ -65,13 +65,15 @@ class Ledger:
             self._entries.pop(name, None)
             self._memory.pop(name, None)
 
-    def seed(self, nodes: Iterable[NodeFacts], policy: Policy) -> None:
+    def seed(self, nodes: Iterable[NodeFacts], policy: Policy, now: datetime.datetime) -> None:
         """Takes the records the nodes carry, before any reconcile decides on a budget: a new leader
-        must count the nodes its predecessor acted on."""
+        must count the nodes its predecessor acted on, those whose record was stripped or broken but
+        that carry gpuguard's taint or condition included (`health.owned_record`)."""
         for node in nodes:
             self.classify(node, policy)
-            if node.record is not None:
-                entry = Entry(policy.health.pool_of(node.labels), "unhealthy", node.record, "", "", "", None)
+            record, _ = health.owned_record(node, node.record, now)
+            if record != NodeRecord():
+                entry = Entry(policy.health.pool_of(node.labels), "unhealthy", record, "", "", "", None)
                 with self._lock:
                     self._entries[node.name] = entry
 

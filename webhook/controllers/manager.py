@@ -328,7 +328,7 @@ class ControllerManager:
         policy = self.store.policy
         # The records the nodes carry count against budgets and for the breaker before the first decision.
         nodes = self.nodes.snapshot().values()
-        self.ledger.seed(nodes, policy)
+        self.ledger.seed(nodes, policy, _now())
         self.breaker.seed(nodes)
         self._persist_breaker()
         threading.Thread(target=self._write_due_log, name="breaker-log", daemon=True).start()

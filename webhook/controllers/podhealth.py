@@ -107,10 +107,13 @@ class PodHealth:
         self.enqueue([str(key) for key in keys])
 
     def draining(self, node: NodeFacts | None, policy: Policy) -> bool:
-        """The node is being drained for real (a drain in audit mode only says it would be)."""
+        """The node is being drained for real (a drain in audit mode only says it would be). A drain
+        gpuguard did always comes with its cordon: a record of one without (an earlier version recorded
+        drains only said) evicts nothing until the node controller has cordoned the node."""
         if node is None or node.record is None or policy.health_mode("drain") != "enforce":
             return False
-        return node.record.draining_since is not None and node.record.cancelled_at is None
+        record = node.record
+        return record.draining_since is not None and record.cordoned and record.cancelled_at is None
 
     def reconcile(self, key: str) -> Result:
         cached = self.pods.get(key)

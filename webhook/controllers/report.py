@@ -68,7 +68,7 @@ class Row:
 def plans(cluster: Cluster, policy: Policy, now: datetime.datetime) -> list[Row]:
     """Every accelerator node's plan (and any node carrying gpuguard's marks), by name."""
     ledger = Ledger()
-    ledger.seed(cluster.nodes, policy)
+    ledger.seed(cluster.nodes, policy, now)
     by_node: dict[str, list[PodFacts]] = {}
     for pod in cluster.pods:
         by_node.setdefault(pod.node, []).append(pod)
