@@ -139,3 +139,12 @@ def test_an_event_is_sent_again_once_its_repeat_window_passed(stop: threading.Ev
     assert len(recorder._recent) == 1  # the expired one was forgotten on the way
     recorder.record(CONFIGMAP, "PolicyLoaded", "p", action="LoadPolicy", warning=False)
     assert (recorder.repeated, recorder.pending()) == (1, 3)
+
+
+def test_the_reporting_instance_is_the_one_given(stop: threading.Event) -> None:
+    # The node agent reports as its node: its admission policy refuses Events reported by another.
+    sink = Sink()
+    recorder = EventRecorder(sink, stop=stop, instance="node-a")
+    recorder.start()
+    recorder.record(CONFIGMAP, "PolicyLoaded", "p", action="LoadPolicy", warning=False)
+    assert sink.sent.get(timeout=WAIT)[1]["reportingInstance"] == "node-a"

@@ -221,7 +221,7 @@ def run(options: Options) -> int:
     stop = threading.Event()
     api = api_client(options.kubeconfig)
     registry = Registry()
-    events = EventRecorder(api_sender(api), stop=stop)
+    events = EventRecorder(api_sender(api), stop=stop, instance=options.node)
     pods: Informer[PodView] = Informer("pods", remediation.pods_on_node(api, options.node), _pod, stop=stop)
     client = PodResourcesClient(options.socket)
     agent = NodeAgent(

@@ -101,10 +101,13 @@ class EventRecorder:
         limit: int = QUEUE_LIMIT,
         repeat_seconds: float = REPEAT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        instance: str | None = None,
     ) -> None:
         self.send = send
         self.stop = stop
-        self.instance = socket.gethostname()
+        # Who reports (`reportingInstance`): the replica's host name unless told (the node agent says its
+        # node, which is what its admission policy holds it to).
+        self.instance = instance or socket.gethostname()
         self.repeat_seconds = repeat_seconds
         self.clock = clock
         self.dropped = 0
