@@ -75,6 +75,14 @@ def elector(leases: MemoryLeases, identity: str, clock: Clock) -> LeaderElector:
     )
 
 
+def leader(leases: MemoryLeases, clock: Clock) -> LeaderElector:
+    """Replica "a", having acquired the Lease (as its elector's run would)."""
+    a = elector(leases, "a", clock)
+    assert a.try_acquire_or_renew(clock.now + 10)
+    a.leading = True
+    return a
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -107,9 +115,7 @@ def test_a_dead_leaders_lease_is_taken_over_after_the_lease_duration(clock: Cloc
 
 def test_a_released_lease_is_taken_at_once(clock: Clock) -> None:
     leases = MemoryLeases()
-    a, b = elector(leases, "a", clock), elector(leases, "b", clock)
-    assert a.try_acquire_or_renew(clock.now + 10)
-    a.leading = True
+    a, b = leader(leases, clock), elector(leases, "b", clock)
     assert not b.try_acquire_or_renew(clock.now + 10)
     assert a.release()
     assert b.try_acquire_or_renew(clock.now + 10)
@@ -215,9 +221,7 @@ def test_a_slow_api_server_cannot_stretch_a_renewal_past_the_renew_deadline(cloc
 
 def test_a_leader_paused_past_its_lease_writes_nothing(clock: Clock) -> None:
     leases = MemoryLeases()
-    a, b = elector(leases, "a", clock), elector(leases, "b", clock)
-    assert a.try_acquire_or_renew(clock.now + 10)
-    a.leading = True
+    a, b = leader(leases, clock), elector(leases, "b", clock)
     assert not b.try_acquire_or_renew(clock.now + 10)
     assert a.write_window() == 15.0  # a write may take until a standby could take over
     clock.now += 9.9
@@ -258,9 +262,7 @@ def test_a_leader_paused_past_its_lease_writes_nothing(clock: Clock) -> None:
 
 def test_a_renewed_leader_writes_with_what_is_left_of_its_lease(clock: Clock) -> None:
     leases = MemoryLeases()
-    a = elector(leases, "a", clock)
-    assert a.try_acquire_or_renew(clock.now + 10)
-    a.leading = True
+    a = leader(leases, clock)
     clock.now += 8
     assert Fence(a.write_window).timeout() == pytest.approx(7.0)
     assert a.try_acquire_or_renew(clock.now + 10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -408,62 +409,73 @@ def test_an_unreadable_kubelet_or_a_conflict_changes_nothing() -> None:
     assert [p[1] for p in writer.patches] == ["b"]
 
 
-def test_a_device_plugin_restart_renaming_every_device_writes_nothing() -> None:
-    kubelet, pods = Kubelet(), Pods(view("a"), view("b"))
+@dataclass
+class Rig:
+    """One agent polling a scripted kubelet, writing to scripted pods, on a fake clock."""
+
+    kubelet: Kubelet
+    pods: Pods
+    writer: Writer
+    clock: list[float]
+    agent: NodeAgent
+    registry: Registry
+    sent: list[str]
+
+    def poll(self, times: int = 1, *, every: float = 0.0) -> None:
+        for _ in range(times):
+            self.agent.poll()
+            self.clock[0] += every
+
+    def written(self) -> list[tuple[str, str]]:
+        """(pod, condition status) of each write, in order."""
+        return [(name, patch["status"]["conditions"][0]["status"]) for _, name, patch in self.writer.patches]
+
+
+def rig(*names: str) -> Rig:
+    kubelet, pods = Kubelet(), Pods(*(view(name) for name in names))
     writer = Writer(pods)
     clock = [1000.0]
     agent, registry, sent = agent_with(kubelet, pods, writer, clock)
-    agent.poll()
+    return Rig(kubelet, pods, writer, clock, agent, registry, sent)
+
+
+def test_a_device_plugin_restart_renaming_every_device_writes_nothing() -> None:
+    node = rig("a", "b")
+    node.poll()
     # The device plugin comes back with a time-slicing config: every ID renamed, the pods keep theirs.
-    kubelet.offered = {GPU: frozenset(f"gpu-{gpu}::{n}" for gpu in range(2) for n in range(4))}
-    for _ in range(10):
-        agent.poll()
-        clock[0] += 10
-    assert (writer.patches, sent) == ([], [])
-    assert registry.value("gpuguard_node_agent_reregistrations_total", GPU) == 1
-    assert 'gpuguard_node_agent_lost_devices{resource="nvidia.com/gpu"}' not in registry.render()
+    node.kubelet.offered = {GPU: frozenset(f"gpu-{gpu}::{n}" for gpu in range(2) for n in range(4))}
+    node.poll(10, every=10)
+    assert (node.written(), node.sent) == ([], [])
+    assert node.registry.value("gpuguard_node_agent_reregistrations_total", GPU) == 1
+    assert 'gpuguard_node_agent_lost_devices{resource="nvidia.com/gpu"}' not in node.registry.render()
     # A replica of the renamed set that fails later is reported as before.
-    kubelet.holdings.append(held("c", "gpu-1::2"))
-    pods.pods["ml/c"] = view("c")
-    kubelet.offered = {GPU: kubelet.offered[GPU] - {"gpu-1::2"}}
-    agent.poll()
-    clock[0] += 20
-    agent.poll()
-    assert [(p[1], p[2]["status"]["conditions"][0]["status"]) for p in writer.patches] == [("c", "False")]
+    node.kubelet.holdings.append(held("c", "gpu-1::2"))
+    node.pods.pods["ml/c"] = view("c")
+    node.kubelet.offered = {GPU: node.kubelet.offered[GPU] - {"gpu-1::2"}}
+    node.poll(2, every=20)
+    assert node.written() == [("c", "False")]
 
 
 def test_a_report_survives_a_renaming_while_its_device_stays_away() -> None:
-    kubelet, pods = Kubelet(), Pods(view("a"), view("b"))
-    writer = Writer(pods)
-    clock = [1000.0]
-    agent, _, _ = agent_with(kubelet, pods, writer, clock)
-    agent.poll()
-    kubelet.offered = {GPU: frozenset({"gpu-0"})}
-    agent.poll()
-    clock[0] += 20
-    agent.poll()
-    assert [p[1] for p in writer.patches] == ["b"]
-    kubelet.offered = {GPU: frozenset({"gpu-0::0", "gpu-0::1"})}
-    for _ in range(3):
-        agent.poll()
-        clock[0] += 20
-    assert [p[1] for p in writer.patches] == ["b"]  # b's report stands: it was never undone
+    node = rig("a", "b")
+    node.poll()
+    node.kubelet.offered = {GPU: frozenset({"gpu-0"})}
+    node.poll(2, every=20)
+    assert node.written() == [("b", "False")]
+    node.kubelet.offered = {GPU: frozenset({"gpu-0::0", "gpu-0::1"})}
+    node.poll(3, every=20)
+    assert node.written() == [("b", "False")]  # b's report stands: it was never undone
 
 
 def test_the_transition_time_moves_only_with_the_status() -> None:
-    kubelet, pods = Kubelet(), Pods(view("a"))
-    kubelet.holdings = [held("a", "gpu-0", "gpu-1")]
-    kubelet.offered = {GPU: frozenset({"gpu-0", "gpu-1", "gpu-2", "gpu-3"})}
-    writer = Writer(pods)
-    clock = [1000.0]
-    agent, _, _ = agent_with(kubelet, pods, writer, clock)
-    agent.poll()
+    node = rig("a")
+    node.kubelet.holdings = [held("a", "gpu-0", "gpu-1")]
+    node.kubelet.offered = {GPU: frozenset({"gpu-0", "gpu-1", "gpu-2", "gpu-3"})}
+    node.poll()
     for remaining in ({"gpu-0", "gpu-2", "gpu-3"}, {"gpu-2", "gpu-3"}, {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}):
-        kubelet.offered = {GPU: frozenset(remaining)}
-        agent.poll()
-        clock[0] += 20
-        agent.poll()
-    written = [p[2]["status"]["conditions"][0] for p in writer.patches]
+        node.kubelet.offered = {GPU: frozenset(remaining)}
+        node.poll(2, every=20)
+    written = [p[2]["status"]["conditions"][0] for p in node.writer.patches]
     assert [(c["status"], len(holdings.lost_devices(c["message"]))) for c in written] == [
         ("False", 1),
         ("False", 2),  # another device of the same pod: the message changes, the status does not
