@@ -301,9 +301,9 @@ class Informer(Generic[V]):
             self.resource_version = str(version)
         if kind == "BOOKMARK":
             return
-        if kind == "DELETED":
-            self._unconvertible.pop(_identity(raw), None)
         converted = self._converted(self.convert, raw, self._unconvertible)
+        if kind == "DELETED":
+            self._unconvertible.pop(_identity(raw), None)  # nothing more will come of it
         if converted is None:
             return
         key, value = converted
