@@ -506,10 +506,28 @@ NODE_AGENT_NAMESPACE = "gpuguard-node"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
 
+# `kubectl patch` reads the object before patching it (the agent itself never does): a group of the test's
+# own lets the impersonated agent read pods/status, which its role, rightly, does not grant.
+STATUS_READERS = "gpuguard-e2e:pod-status-readers"
+
+
 def as_node_agent(node: str | None) -> list[str]:
-    """kubectl flags acting as the node agent, with its token's node (None: a credential that names none)."""
+    """kubectl flags acting as the node agent as its pod's token presents it: its user, its groups, and
+    its node in the user's extra (None: a credential that names no node)."""
     extra = [f"--as-user-extra={NODE_NAME_EXTRA}={node}"] if node is not None else []
-    return [f"--as={NODE_AGENT_USER}", *extra]
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{NODE_AGENT_NAMESPACE}", STATUS_READERS]
+    return [f"--as={NODE_AGENT_USER}", *(f"--as-group={group}" for group in groups), *extra]
+
+
+@pytest.fixture
+def status_readers(control_plane: ControlPlane) -> Iterator[None]:
+    name = "gpuguard-e2e-pod-status-reader"
+    control_plane.kubectl("create", "clusterrole", name, "--verb=get", "--resource=pods/status")
+    control_plane.kubectl(
+        "create", "clusterrolebinding", name, f"--clusterrole={name}", f"--group={STATUS_READERS}"
+    )
+    yield
+    control_plane.kubectl("delete", "clusterrolebinding,clusterrole", name, check=False)
 
 
 def report_on(plane: ControlPlane, pod: str, identity: list[str]) -> subprocess.CompletedProcess[str]:
@@ -546,7 +564,7 @@ def refused_by_policy(result: subprocess.CompletedProcess[str]) -> bool:
 
 
 def test_the_node_agent_writes_only_for_pods_on_its_own_node(
-    control_plane: ControlPlane, installed: str
+    control_plane: ControlPlane, installed: str, status_readers: None
 ) -> None:
     """deploy/node-agent's admission policy, on the API server, with the agent's identity impersonated as
     its pod's token presents it: its node in the user's extra."""
