@@ -260,6 +260,17 @@ def test_a_leader_paused_past_its_lease_writes_nothing(clock: Clock) -> None:
     assert sent == []
 
 
+def test_a_leader_that_sees_another_holder_writes_nothing_at_once(clock: Clock) -> None:
+    leases = MemoryLeases()
+    a = leader(leases, clock)
+    assert leases.record is not None
+    # Another replica holds the Lease (its clock ran faster, or an operator edited the Lease).
+    leases.record = dataclasses.replace(leases.record, holder="b", renew_time="later")
+    clock.now += 1
+    assert not a.try_acquire_or_renew(clock.now + 10)
+    assert a.leading and a.write_window() == 0.0
+
+
 def test_a_renewed_leader_writes_with_what_is_left_of_its_lease(clock: Clock) -> None:
     leases = MemoryLeases()
     a = leader(leases, clock)

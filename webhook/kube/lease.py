@@ -109,9 +109,10 @@ class LeaderElector:
 
     def write_window(self) -> float:
         """How many seconds a write may still take (its request timeout); 0 when this replica may not
-        write at all: it does not lead, or has not renewed the Lease within the renew deadline."""
+        write at all: it does not lead, has seen another holder, or has not renewed the Lease within the
+        renew deadline."""
         elapsed = self.clock() - self._renewed_at
-        if not self.leading or elapsed >= self.renew_deadline:
+        if not self.leading or self.holder != self.identity or elapsed >= self.renew_deadline:
             return 0.0
         return self.lease_seconds - elapsed
 
