@@ -44,6 +44,7 @@ POLICY_CONFIGMAP = "gpuguard-policy"
 CONFIGURATION = "gpuguard"  # both webhook configurations
 CONFIGURATION_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 CONTROLLERS = "gpuguard-controllers"  # their ServiceAccount, ClusterRole and ClusterRoleBinding
+NODE_AGENT_POLICY = "gpuguard-node-agent"  # the admission policy binding the node agent to its node
 ENDPOINTS = {"mutatingwebhookconfiguration": "/mutate", "validatingwebhookconfiguration": "/validate"}
 
 
@@ -71,9 +72,9 @@ def deployed(
     """The kustomization at `directory` (deploy/ or a copy), whose objects are `rendered`, applied for real
     after a server-side dry run; yields the dry run's output. On exit it removes what would reach into
     the rest of the suite: the webhook configurations first (they may point at replicas already
-    stopped), the webhook's and the controllers' cluster roles and bindings, and `namespace` (which
-    never finishes deleting here, with no garbage collector). PriorityClasses stay: the rest of the
-    suite uses gpu-workload."""
+    stopped), the webhook's and the controllers' cluster roles and bindings, the node agent's admission
+    policy, and `namespace` (which never finishes deleting here, with no garbage collector).
+    PriorityClasses stay: the rest of the suite uses gpu-workload."""
     # A dry run creates nothing, not even the namespace the other objects need: create that first.
     plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
     try:
@@ -89,6 +90,13 @@ def deployed(
             "clusterrolebinding,clusterrole",
             "gpuguard",
             CONTROLLERS,
+            "--ignore-not-found",
+            check=False,
+        )
+        plane.kubectl(
+            "delete",
+            "validatingadmissionpolicybinding,validatingadmissionpolicy",
+            NODE_AGENT_POLICY,
             "--ignore-not-found",
             check=False,
         )

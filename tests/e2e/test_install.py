@@ -502,6 +502,104 @@ def test_node_agent_service_account_rules_are_exactly_its_own(
         assert not can_i(control_plane, verb, resource, "team-a", user=NODE_AGENT_USER), f"{verb} {resource}"
 
 
+NODE_AGENT_NAMESPACE = "gpuguard-node"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+# `kubectl patch` reads the object before patching it (the agent itself never does): a group of the test's
+# own lets the impersonated agent read pods/status, which its role, rightly, does not grant.
+STATUS_READERS = "gpuguard-e2e:pod-status-readers"
+
+
+def as_node_agent(node: str | None) -> list[str]:
+    """kubectl flags acting as the node agent as its pod's token presents it: its user, its groups, and
+    its node in the user's extra (None: a credential that names no node)."""
+    extra = [f"--as-user-extra={NODE_NAME_EXTRA}={node}"] if node is not None else []
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{NODE_AGENT_NAMESPACE}", STATUS_READERS]
+    return [f"--as={NODE_AGENT_USER}", *(f"--as-group={group}" for group in groups), *extra]
+
+
+@pytest.fixture
+def status_readers(control_plane: ControlPlane) -> Iterator[None]:
+    name = "gpuguard-e2e-pod-status-reader"
+    control_plane.kubectl("create", "clusterrole", name, "--verb=get", "--resource=pods/status")
+    control_plane.kubectl(
+        "create", "clusterrolebinding", name, f"--clusterrole={name}", f"--group={STATUS_READERS}"
+    )
+    yield
+    control_plane.kubectl("delete", "clusterrolebinding,clusterrole", name, check=False)
+
+
+def report_on(plane: ControlPlane, pod: str, identity: list[str]) -> subprocess.CompletedProcess[str]:
+    """The agent's pod status patch (its condition only, as it writes it), sent as `identity`."""
+    condition = {"type": "GPUGuardDevicesAllocatable", "status": "True", "reason": "DevicesAllocatable"}
+    patch = json.dumps({"status": {"conditions": [condition]}})
+    return plane.kubectl(
+        "patch", "pod", pod, "-n", NODE_AGENT_NAMESPACE, "--subresource=status", "--type=strategic",
+        "-p", patch, *identity, check=False,
+    )  # fmt: skip
+
+
+def event_on(
+    plane: ControlPlane, pod: str, node: str | None, reporter: str
+) -> subprocess.CompletedProcess[str]:
+    event = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod}.{secrets.token_hex(6)}", "namespace": NODE_AGENT_NAMESPACE},
+        "eventTime": "2026-03-01T00:00:00.000000Z",
+        "reportingController": "gpuguard.io/gpuguard",
+        "reportingInstance": reporter,
+        "action": "ReportDeviceHealth",
+        "reason": "DevicesAllocatable",
+        "note": "every device the pod holds is allocatable again",
+        "type": "Normal",
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": NODE_AGENT_NAMESPACE, "name": pod},
+    }
+    return plane.kubectl("create", "-f", "-", *as_node_agent(node), input=json.dumps(event), check=False)
+
+
+def refused_by_policy(result: subprocess.CompletedProcess[str]) -> bool:
+    return result.returncode != 0 and "ValidatingAdmissionPolicy 'gpuguard-node-agent'" in result.stderr
+
+
+def test_the_node_agent_writes_only_for_pods_on_its_own_node(
+    control_plane: ControlPlane, installed: str, status_readers: None
+) -> None:
+    """deploy/node-agent's admission policy, on the API server, with the agent's identity impersonated as
+    its pod's token presents it: its node in the user's extra."""
+    pods = {"on-node-a": "node-a", "on-node-b": "node-b"}
+    for name, node in pods.items():
+        pod = cpu_pod(name, NODE_AGENT_NAMESPACE)
+        pod["spec"]["nodeName"] = node  # bound, as the scheduler binds it (no kubelet runs here)
+        control_plane.kubectl("create", "-f", "-", input=json.dumps(pod))
+    try:
+        # The policy takes effect once the API server's informers have it: wait on the first refusal.
+        wait_until(
+            lambda: refused_by_policy(report_on(control_plane, "on-node-b", as_node_agent("node-a"))),
+            timeout=30,
+            what="the node agent's admission policy in force",
+        )
+        written = report_on(control_plane, "on-node-a", as_node_agent("node-a"))
+        assert written.returncode == 0, written.stderr
+        refused = report_on(control_plane, "on-node-b", as_node_agent("node-a"))
+        assert refused_by_policy(refused) and "not of a pod on node 'node-b'" in refused.stderr
+        # A credential that names no node (a token not bound to the agent's pod).
+        assert refused_by_policy(report_on(control_plane, "on-node-a", as_node_agent(None)))
+
+        recorded = event_on(control_plane, "on-node-a", "node-a", reporter="node-a")
+        assert recorded.returncode == 0, recorded.stderr
+        assert refused_by_policy(event_on(control_plane, "on-node-a", "node-a", reporter="node-b"))
+        assert refused_by_policy(event_on(control_plane, "on-node-a", None, reporter="node-a"))
+
+        # Only the agent is bound: the same write by anyone else (here the cluster admin) goes through.
+        assert report_on(control_plane, "on-node-b", []).returncode == 0
+    finally:
+        control_plane.kubectl(
+            "delete", "pod", *pods, "-n", NODE_AGENT_NAMESPACE, "--grace-period=0", "--force", check=False
+        )
+
+
 def node_agent_daemonset(rendered: list[dict[str, Any]]) -> dict[str, Any]:
     (daemonset,) = [
         d for d in rendered if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "gpuguard-node-agent"

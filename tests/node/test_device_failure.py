@@ -352,7 +352,7 @@ def test_the_node_agent_names_the_pod_on_the_failed_device_and_only_that_pod_is_
     condition = agent_condition(get_pod(plane, namespace, "holder"))
     assert condition is not None
     assert condition["reason"] == holdings.LOST_REASON
-    assert condition["message"] == f"{GPU} {device} (container main)"
+    assert holdings.lost_devices(condition["message"]) == (holdings.LostDevice("main", GPU, device),)
     assert agent.metric("gpuguard_node_agent_lost_devices", resource=GPU) == 1
     eventually(
         lambda: (

@@ -98,7 +98,8 @@ def test_list_and_allocatable_find_the_pod_on_a_failed_device(
     assert len(held.device_ids) == 2
     assert tuple(sorted(held.device_ids)) in {tuple(sorted(a.device_ids)) for a in plugin.allocations}
     assert pod_resources.allocatable()[GPU] == frozenset(plugin.health())
-    assert holdings.loss(pod_resources.held(), pod_resources.allocatable()).lost == ()
+    before = holdings.loss(pod_resources.held(), pod_resources.allocatable(), {})
+    assert before.lost == ()
 
     failed = min(held.device_ids)
     plugin.set_health(failed, UNHEALTHY)
@@ -110,7 +111,7 @@ def test_list_and_allocatable_find_the_pod_on_a_failed_device(
 
     listed, offered = raw_answer(socket, "List"), raw_answer(socket, "GetAllocatableResources")
     assert decode_allocatable(offered)[GPU] == frozenset(plugin.health()) - {failed}
-    assert holdings.loss(decode_list(listed), decode_allocatable(offered)).lost == (
+    assert holdings.loss(decode_list(listed), decode_allocatable(offered), before.registrations).lost == (
         Holding(namespace, "holder", "main", GPU, frozenset({failed})),
     )
     # The field-by-field reading gives what the kubelet's generated code gives, on its real answers.

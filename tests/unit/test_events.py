@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from webhook.kube.events import NOTE_LIMIT, REPORTING_CONTROLLER, EventRecorder, ObjectRef
+from webhook.kube.events import NOTE_LIMIT, REPEAT_MEMORY, REPORTING_CONTROLLER, EventRecorder, ObjectRef
 
 WAIT = 10.0
 CONFIGMAP = ObjectRef("v1", "ConfigMap", "gpuguard", "gpuguard-policy", "uid-1")
@@ -106,3 +106,45 @@ def test_the_sender_ends_when_stopped(stop: threading.Event) -> None:
     stop.set()
     recorder.thread.join(WAIT)
     assert not recorder.thread.is_alive()
+
+
+def test_deduplication_stays_bounded_and_linear_past_its_memory(stop: threading.Event) -> None:
+    # An open breaker over 30,000 pods says "eviction held" once for each, all within one repeat window.
+    clock = [1000.0]
+    recorder = EventRecorder(Sink(), stop=stop, clock=lambda: clock[0])
+    remembered = []
+    for index in range(30_000):
+        recorder.record(CONFIGMAP, "EvictionHeld", f"pod {index}", action="Evict", warning=True)
+        remembered.append(len(recorder._recent))
+        clock[0] += 0.001
+    # The memory never passes its bound (each record forgets at most what it added: linear work).
+    assert max(remembered) == REPEAT_MEMORY
+    assert remembered[-1] == REPEAT_MEMORY
+    # The newest are still recognised as repeats; the oldest were forgotten and go out again.
+    recorder.record(CONFIGMAP, "EvictionHeld", "pod 29999", action="Evict", warning=True)
+    assert recorder.repeated == 1
+    recorder.record(CONFIGMAP, "EvictionHeld", "pod 0", action="Evict", warning=True)
+    assert recorder.repeated == 1
+
+
+def test_an_event_is_sent_again_once_its_repeat_window_passed(stop: threading.Event) -> None:
+    clock = [1000.0]
+    recorder = EventRecorder(Sink(), stop=stop, clock=lambda: clock[0], repeat_seconds=600)
+    recorder.record(CONFIGMAP, "PolicyLoaded", "p", action="LoadPolicy", warning=False)
+    clock[0] += 599
+    recorder.record(CONFIGMAP, "PolicyLoaded", "p", action="LoadPolicy", warning=False)
+    assert (recorder.repeated, recorder.pending()) == (1, 1)
+    clock[0] += 1
+    recorder.record(CONFIGMAP, "PolicyLoaded", "q", action="LoadPolicy", warning=False)
+    assert len(recorder._recent) == 1  # the expired one was forgotten on the way
+    recorder.record(CONFIGMAP, "PolicyLoaded", "p", action="LoadPolicy", warning=False)
+    assert (recorder.repeated, recorder.pending()) == (1, 3)
+
+
+def test_the_reporting_instance_is_the_one_given(stop: threading.Event) -> None:
+    # The node agent reports as its node: its admission policy refuses Events reported by another.
+    sink = Sink()
+    recorder = EventRecorder(sink, stop=stop, instance="node-a")
+    recorder.start()
+    recorder.record(CONFIGMAP, "PolicyLoaded", "p", action="LoadPolicy", warning=False)
+    assert sink.sent.get(timeout=WAIT)[1]["reportingInstance"] == "node-a"

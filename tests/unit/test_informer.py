@@ -9,6 +9,8 @@ wait on what the informer delivers (a queue), never on time.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import queue
 import threading
 import tracemalloc
@@ -362,3 +364,60 @@ class GatedSource(ScriptedSource):
                 raise item
             else:
                 yield item
+
+
+def nested(name: str, version: str, *, depth: int, gpus: int = 1) -> dict[str, Any]:
+    raw = obj(name, version, gpus=gpus)
+    raw["metadata"]["annotations"] = {"record": "[" * depth + "]" * depth}
+    return raw
+
+
+def parsing(raw: dict[str, Any]) -> tuple[Hashable, int] | None:
+    """A converter that reads an annotation as JSON, as the node health converter reads its record."""
+    json.loads(raw["metadata"].get("annotations", {}).get("record", "[]"))
+    return gpus(raw)
+
+
+def test_one_object_the_converter_raises_on_never_stops_the_list(
+    stop: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A 2 kB annotation, 1,000 brackets deep: json.loads raises RecursionError. Today's readers would
+    # never see the other nodes, and a new replica would never become ready.
+    source = ScriptedSource(stop)
+    source.lists.append([page(obj("gpu-1", "3"), nested("gpu-evil", "4", depth=1000), version="10")])
+    informer = Informer("nodes", source, parsing, stop=stop)
+    with caplog.at_level(logging.ERROR, "gpuguard.informer"):
+        assert informer.sync()
+    assert informer.has_synced()
+    assert informer.snapshot() == {"gpu-1": 1}
+    (logged,) = caplog.records
+    assert "gpu-evil" in logged.getMessage() and "resourceVersion 4" in logged.getMessage()
+
+
+def test_an_unreadable_change_keeps_the_last_value_and_is_logged_once_per_version(
+    source: ScriptedSource, stop: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    source.lists.append([page(obj("a", "3"), obj("b", "4"), version="10")])
+    source.streams.append(
+        [
+            event("MODIFIED", nested("a", "11", depth=5000, gpus=2)),
+            event("MODIFIED", nested("a", "11", depth=5000, gpus=2)),  # the same version, again
+            event("MODIFIED", nested("a", "12", depth=5000, gpus=3)),
+            event("ADDED", obj("c", "13")),
+            event("MODIFIED", obj("a", "14", gpus=4)),
+        ]
+    )
+    informer = Informer("gpus", source, parsing, stop=stop, first_backoff_seconds=0.01)
+    readers = Readers(informer)
+    with caplog.at_level(logging.ERROR, "gpuguard.informer"):
+        assert informer.sync()
+        informer.start()
+        readers.change(), readers.change(), readers.snapshot()
+        assert readers.change() == Change("c", None, 1)  # the watch went on past the unreadable events
+        assert readers.snapshot() == {"a": 1, "b": 1, "c": 1}  # a kept its last readable value
+        assert readers.change() == Change("a", 1, 4)
+    assert [r.getMessage().split(" which")[0] for r in caplog.records] == [
+        "gpus: skipping a at resourceVersion 11,",
+        "gpus: skipping a at resourceVersion 12,",
+    ]
+    assert source.list_calls == 1

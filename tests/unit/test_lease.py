@@ -1,4 +1,5 @@
-"""webhook.kube.lease: one leader at a time, takeover after the lease duration, release on a clean stop.
+"""webhook.kube.lease: one leader at a time, takeover after the lease duration, release on a clean stop,
+and no write from a leader that has not renewed within the renew deadline.
 
 The Lease store here is a dict with the API server's optimistic concurrency (a write at a stale
 resourceVersion conflicts); the end-to-end tests run the same elector against the real API server.
@@ -9,10 +10,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import threading
+from typing import Any
 
 import pytest
+from kubernetes import client
 
+from webhook.kube.controller import Controller, Result
 from webhook.kube.lease import ConflictError, LeaderElector, LeaseRecord
+from webhook.kube.queue import WorkQueue
+from webhook.kube.remediation import Fence, NodeWriter, NotLeaderError
 
 
 class MemoryLeases:
@@ -23,15 +29,15 @@ class MemoryLeases:
         # Writes after this many fail as if the API server were unreachable.
         self.reachable_writes = 1_000_000
 
-    def get(self) -> LeaseRecord | None:
+    def get(self, timeout: float) -> LeaseRecord | None:
         return self.record
 
-    def create(self, record: LeaseRecord) -> LeaseRecord:
+    def create(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
         if self.record is not None:
             raise ConflictError("exists")
         return self._store(record)
 
-    def update(self, record: LeaseRecord) -> LeaseRecord:
+    def update(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
         if self.record is None or record.resource_version != self.record.resource_version:
             raise ConflictError("changed")
         return self._store(record)
@@ -69,6 +75,14 @@ def elector(leases: MemoryLeases, identity: str, clock: Clock) -> LeaderElector:
     )
 
 
+def leader(leases: MemoryLeases, clock: Clock) -> LeaderElector:
+    """Replica "a", having acquired the Lease (as its elector's run would)."""
+    a = elector(leases, "a", clock)
+    assert a.try_acquire_or_renew(clock.now + 10)
+    a.leading = True
+    return a
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -77,50 +91,48 @@ def clock() -> Clock:
 def test_the_first_candidate_creates_the_lease_and_the_second_waits(clock: Clock) -> None:
     leases = MemoryLeases()
     a, b = elector(leases, "a", clock), elector(leases, "b", clock)
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()
+    assert a.try_acquire_or_renew(clock.now + 10)
+    assert not b.try_acquire_or_renew(clock.now + 10)
     assert leases.record is not None and leases.record.holder == "a" and leases.record.transitions == 0
     clock.now += 2
-    assert a.try_acquire_or_renew()  # renewing
+    assert a.try_acquire_or_renew(clock.now + 10)  # renewing
     clock.now += 14
-    assert not b.try_acquire_or_renew()  # b saw a renew 14 s ago by its own clock: still valid
+    assert not b.try_acquire_or_renew(clock.now + 10)  # b saw a renew 14 s ago by its own clock: still valid
 
 
 def test_a_dead_leaders_lease_is_taken_over_after_the_lease_duration(clock: Clock) -> None:
     leases = MemoryLeases()
     a, b = elector(leases, "a", clock), elector(leases, "b", clock)
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()
+    assert a.try_acquire_or_renew(clock.now + 10)
+    assert not b.try_acquire_or_renew(clock.now + 10)
     clock.now += 14.9
-    assert not b.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew(clock.now + 10)
     clock.now += 0.2
-    assert b.try_acquire_or_renew()
+    assert b.try_acquire_or_renew(clock.now + 10)
     assert leases.record is not None and (leases.record.holder, leases.record.transitions) == ("b", 1)
-    assert not a.try_acquire_or_renew()  # a came back: it is a standby now
+    assert not a.try_acquire_or_renew(clock.now + 10)  # a came back: it is a standby now
 
 
 def test_a_released_lease_is_taken_at_once(clock: Clock) -> None:
     leases = MemoryLeases()
-    a, b = elector(leases, "a", clock), elector(leases, "b", clock)
-    assert a.try_acquire_or_renew()
-    a.leading = True
-    assert not b.try_acquire_or_renew()
+    a, b = leader(leases, clock), elector(leases, "b", clock)
+    assert not b.try_acquire_or_renew(clock.now + 10)
     assert a.release()
-    assert b.try_acquire_or_renew()
+    assert b.try_acquire_or_renew(clock.now + 10)
 
 
 def test_two_candidates_racing_on_one_record_cannot_both_win(clock: Clock) -> None:
     leases = MemoryLeases()
     a, b = elector(leases, "a", clock), elector(leases, "b", clock)
-    assert a.try_acquire_or_renew()
+    assert a.try_acquire_or_renew(clock.now + 10)
     a.leading = True
     a.release()
     stale = leases.record
-    assert b.try_acquire_or_renew()
+    assert b.try_acquire_or_renew(clock.now + 10)
     # c read the released record before b wrote: its write conflicts.
     c = elector(leases, "c", clock)
-    leases.get = lambda: stale  # type: ignore[method-assign]
-    assert not c.try_acquire_or_renew()
+    leases.get = lambda timeout: stale  # type: ignore[method-assign]
+    assert not c.try_acquire_or_renew(clock.now + 10)
     assert leases.version and leases.record is not None and leases.record.holder == "b"
 
 
@@ -146,6 +158,126 @@ def test_a_leader_that_cannot_renew_within_the_deadline_stops(clock: Clock) -> N
     a.run()  # acquires, then renews until the API server goes away below
     assert stopped.is_set() and not a.leading
     assert clock.now - 100 >= 10
+
+
+class SleepingStop(threading.Event):
+    """A stop flag whose waits advance the fake clock by the time waited instead of sleeping."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.clock.now += timeout or 0.0
+        return self.is_set()
+
+
+class TroubledLeases(MemoryLeases):
+    """From `trouble_from` on, the API server refuses connections until `answers_from`, then answers a
+    get in 4.9 s and lets an update time out after 5 s; each call gives up at its timeout, as the
+    client's `_request_timeout` does."""
+
+    def __init__(self, clock: Clock, trouble_from: float, answers_from: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.trouble_from = trouble_from
+        self.answers_from = answers_from
+        self.timeouts: list[float] = []
+
+    def _takes(self, seconds: float, timeout: float) -> None:
+        self.timeouts.append(timeout)
+        self.clock.now += min(seconds, timeout)
+        if seconds >= timeout:
+            raise TimeoutError("read timed out")
+
+    def get(self, timeout: float) -> LeaseRecord | None:
+        if self.clock.now >= self.trouble_from:
+            if self.clock.now < self.answers_from:
+                raise OSError("connection refused")
+            self._takes(4.9, timeout)
+        return super().get(timeout)
+
+    def update(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
+        if self.clock.now >= self.trouble_from:
+            self._takes(5.0, timeout)
+        return super().update(record, timeout)
+
+
+def test_a_slow_api_server_cannot_stretch_a_renewal_past_the_renew_deadline(clock: Clock) -> None:
+    # Renewed at 104, then the API server refuses until 112 and answers slowly after: each request
+    # may only take what is left of the deadline, so the leader stops at 114, before any standby may
+    # take over (119 at the earliest). Without the bound, an attempt started at 112 ran to about 122.
+    leases = TroubledLeases(clock, trouble_from=105.0, answers_from=112.0)
+    seen: list[tuple[str, float]] = []
+    a = elector(leases, "a", clock)
+    a.stop = SleepingStop(clock)
+    a.on_started = lambda: seen.append(("leading", clock.now))
+    a.on_stopped = lambda: seen.append(("on_stopped", clock.now))
+    a.run()
+    assert seen == [("leading", 100.0), ("on_stopped", pytest.approx(114.0))]
+    assert leases.timeouts == [pytest.approx(2.0)]  # 112 + 2: all that was left of the deadline
+    assert not a.leading
+
+
+def test_a_leader_paused_past_its_lease_writes_nothing(clock: Clock) -> None:
+    leases = MemoryLeases()
+    a, b = leader(leases, clock), elector(leases, "b", clock)
+    assert not b.try_acquire_or_renew(clock.now + 10)
+    assert a.write_window() == 15.0  # a write may take until a standby could take over
+    clock.now += 9.9
+    assert a.write_window() == pytest.approx(5.1)
+    # Paused (GC, CPU starvation, a frozen VM): its elector has not run, so it still says it leads, but
+    # it has not renewed within the renew deadline.
+    clock.now += 0.1
+    assert a.leading and a.write_window() == 0.0
+    clock.now += 10
+    assert b.try_acquire_or_renew(clock.now + 10)  # the standby took over meanwhile
+
+    sent: list[str] = []
+
+    class Core:
+        def patch_node(self, name: str, patch: dict[str, Any], **options: Any) -> Any:
+            sent.append(name)
+            raise AssertionError("a write went out")
+
+    writer = NodeWriter(client.ApiClient(), Fence(a.write_window))
+    writer.core = Core()  # type: ignore[assignment]
+    with pytest.raises(NotLeaderError):
+        writer.patch("gpu-1", {"metadata": {"resourceVersion": "7"}, "spec": {"unschedulable": True}})
+    assert sent == []
+
+    # Through a controller: the refused write drops the reconcile, the key is not retried.
+    def cordon(name: str) -> Result:
+        writer.patch(name, {"spec": {"unschedulable": True}})
+        return Result(requeue_after=30)
+
+    queue: WorkQueue[str] = WorkQueue(clock=clock)
+    controller = Controller("node-health", cordon, stop=threading.Event(), queue=queue)
+    controller.enqueue("gpu-1")
+    assert controller.process_next(0)
+    clock.now += 3600
+    assert queue.get(0) is None and queue.requeues("gpu-1") == 0
+    assert sent == []
+
+
+def test_a_leader_that_sees_another_holder_writes_nothing_at_once(clock: Clock) -> None:
+    leases = MemoryLeases()
+    a = leader(leases, clock)
+    assert leases.record is not None
+    # Another replica holds the Lease (its clock ran faster, or an operator edited the Lease).
+    leases.record = dataclasses.replace(leases.record, holder="b", renew_time="later")
+    clock.now += 1
+    assert not a.try_acquire_or_renew(clock.now + 10)
+    assert a.leading and a.write_window() == 0.0
+
+
+def test_a_renewed_leader_writes_with_what_is_left_of_its_lease(clock: Clock) -> None:
+    leases = MemoryLeases()
+    a = leader(leases, clock)
+    clock.now += 8
+    assert Fence(a.write_window).timeout() == pytest.approx(7.0)
+    assert a.try_acquire_or_renew(clock.now + 10)
+    assert Fence(a.write_window).timeout() == 10.0  # the client's own request timeout caps it
 
 
 def test_the_timings_must_leave_room_to_renew() -> None:

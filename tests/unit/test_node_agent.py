@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -105,18 +106,86 @@ def held(pod_name: str, *ids: str, container_name: str = "main", namespace: str 
     return Holding(namespace, pod_name, container_name, GPU, frozenset(ids))
 
 
-def test_loss_keeps_only_the_devices_no_longer_allocatable() -> None:
-    loss = holdings.loss(
-        [held("a", "gpu-0", "gpu-1"), held("b", "gpu-2")], {GPU: frozenset({"gpu-0", "gpu-2"})}
-    )
+def offered(*ids: str) -> dict[str, frozenset[str]]:
+    return {GPU: frozenset(ids)}
+
+
+def after(*polls: dict[str, frozenset[str]]) -> dict[str, holdings.Registration]:
+    """What the agent remembers once it polled these allocatable sets, in order."""
+    known: dict[str, holdings.Registration] = {}
+    for allocatable in polls:
+        known = dict(holdings.loss([], allocatable, known).registrations)
+    return known
+
+
+def test_a_loss_is_a_device_that_left_the_allocatable_set_while_the_rest_stayed() -> None:
+    pods = [held("a", "gpu-0", "gpu-1"), held("b", "gpu-2")]
+    known = after(offered("gpu-0", "gpu-1", "gpu-2", "gpu-3"))
+    loss = holdings.loss(pods, offered("gpu-0", "gpu-2", "gpu-3"), known)
     assert loss.lost == (held("a", "gpu-1"),)
-    assert loss.unregistered == ()
+    assert (loss.unregistered, loss.reregistered) == ((), ())
+    # It stays lost on later polls, while it stays away, and is no longer lost once it is back.
+    later = holdings.loss(pods, offered("gpu-0", "gpu-2", "gpu-3"), loss.registrations)
+    assert later.lost == (held("a", "gpu-1"),)
+    assert holdings.loss(pods, offered("gpu-0", "gpu-1", "gpu-2"), later.registrations).lost == ()
+
+
+def test_a_device_never_seen_allocatable_is_not_lost() -> None:
+    # The first poll (a new or restarted agent) saw no transition: a held ID absent from the set may be
+    # a name from an earlier registration, so nothing is lost until a device leaves a set seen before.
+    assert holdings.loss([held("a", "gpu-1")], offered("gpu-0", "gpu-2"), {}).lost == ()
+
+
+def test_a_device_plugin_restart_that_renames_every_device_is_no_loss() -> None:
+    # Time-slicing turns GPU-<uuid> into GPU-<uuid>::<n>: the running pods keep the IDs they were
+    # allocated, none of which is allocatable any more, and nothing failed.
+    pods = [held("a", "GPU-a"), held("b", "GPU-b")]
+    known = after(offered("GPU-a", "GPU-b", "GPU-c", "GPU-d"))
+    renamed = offered(*(f"GPU-{gpu}::{n}" for gpu in "abcd" for n in range(4)))
+    loss = holdings.loss(pods, renamed, known)
+    assert (loss.lost, loss.reregistered) == ((), (GPU,))
+    assert holdings.loss(pods, renamed, loss.registrations) == holdings.Loss((), (), (), loss.registrations)
+    # Through an empty set (the plugin stopped, then registered under the new IDs): the same.
+    gone = holdings.loss(pods, {}, known)
+    assert gone.unregistered == (GPU,)
+    assert holdings.loss(pods, renamed, gone.registrations).reregistered == (GPU,)
+    # A device that fails after the rename is a loss of the new set.
+    pods = [held("c", "GPU-c::0", "GPU-c::1")]
+    assert holdings.loss(pods, offered(*(renamed[GPU] - {"GPU-c::1"})), loss.registrations).lost == (
+        held("c", "GPU-c::1"),
+    )
+
+
+def test_a_renaming_forgets_what_had_left_the_old_set() -> None:
+    known = after(offered("gpu-0", "gpu-1", "gpu-2", "gpu-3"), offered("gpu-0", "gpu-2", "gpu-3"))
+    assert known[GPU].departed == frozenset({"gpu-1"})
+    loss = holdings.loss([held("a", "gpu-1")], offered("x-0", "x-1", "x-2"), known)
+    assert loss.lost == () and loss.registrations[GPU] == holdings.Registration(
+        frozenset({"x-0", "x-1", "x-2"})
+    )
+
+
+def test_half_the_set_staying_is_a_loss_less_than_half_a_renaming() -> None:
+    pods = [held("a", "gpu-0")]
+    assert holdings.loss(pods, offered("gpu-1"), after(offered("gpu-0", "gpu-1"))).lost == tuple(pods)
+    four = after(offered("gpu-0", "gpu-1", "gpu-2", "gpu-3"))
+    assert holdings.loss(pods, offered("gpu-3"), four).reregistered == (GPU,)
+
+
+def test_a_report_on_the_pod_stands_while_its_device_stays_away() -> None:
+    # The agent restarted (it remembers no transition), or the plugin renamed its devices since: the pod
+    # already says it lost gpu-1, and gpu-1 is still not allocatable, so it is still lost.
+    reported = {("ml/a", "main", GPU, "gpu-1")}
+    pods = [held("a", "gpu-0", "gpu-1")]
+    assert holdings.loss(pods, offered("gpu-0"), {}, reported).lost == (held("a", "gpu-1"),)
+    assert holdings.loss(pods, offered("gpu-0", "gpu-1"), {}, reported).lost == ()
 
 
 def test_a_resource_with_nothing_allocatable_names_no_pod() -> None:
     # A device plugin restarting offers nothing for a moment: no single device is known to have failed.
-    loss = holdings.loss([held("a", "gpu-0")], {})
-    assert loss == holdings.Loss((), (GPU,))
+    known = after(offered("gpu-0", "gpu-1"))
+    loss = holdings.loss([held("a", "gpu-0")], {}, known)
+    assert loss == holdings.Loss((), (GPU,), (), known)
 
 
 def test_the_condition_message_round_trips() -> None:
@@ -126,14 +195,39 @@ def test_the_condition_message_round_trips() -> None:
     assert condition == Condition(
         "False",
         "DeviceNotAllocatable",
-        "nvidia.com/gpu gpu-0,gpu-1 (container main); nvidia.com/gpu gpu-3 (container init)",
+        '[{"resource": "nvidia.com/gpu", "container": "init", "devices": ["gpu-3"]},'
+        ' {"resource": "nvidia.com/gpu", "container": "main", "devices": ["gpu-0", "gpu-1"]}]',
     )
     assert holdings.lost_devices(condition.message) == (
+        holdings.LostDevice("init", GPU, "gpu-3"),
         holdings.LostDevice("main", GPU, "gpu-0"),
         holdings.LostDevice("main", GPU, "gpu-1"),
-        holdings.LostDevice("init", GPU, "gpu-3"),
     )
     assert holdings.lost_devices("written by hand") == ()
+    assert holdings.lost_devices("[" * 5000 + "]" * 5000) == ()
+    assert (
+        holdings.lost_devices('[{"resource": 1}, 2, {"container": "c", "resource": "r", "devices": [3]}]')
+        == ()
+    )
+
+
+@pytest.mark.parametrize("device", ["", "a b", "a,b", "a; b", "x (container y)", "GPU-a::0", "é"])
+def test_any_device_id_reads_back_as_written(device: str) -> None:
+    lost = [held("a", device), held("a", "gpu-9", container_name="side; car")]
+    assert set(holdings.lost_devices(holdings.lost_condition(lost).message)) == {
+        holdings.LostDevice("main", GPU, device),
+        holdings.LostDevice("side; car", GPU, "gpu-9"),
+    }
+
+
+def test_an_earlier_agents_message_is_still_read() -> None:
+    assert holdings.lost_devices(
+        "nvidia.com/gpu gpu-0,gpu-1 (container main); x.io/y d (container init)"
+    ) == (
+        holdings.LostDevice("main", GPU, "gpu-0"),
+        holdings.LostDevice("main", GPU, "gpu-1"),
+        holdings.LostDevice("init", "x.io/y", "d"),
+    )
 
 
 def test_a_loss_is_reported_once_it_lasted_or_was_reported_before() -> None:
@@ -283,7 +377,8 @@ def test_a_poll_reports_a_confirmed_loss_once_and_undoes_it_on_recovery() -> Non
         "False",
         "DeviceNotAllocatable",
     )
-    assert condition["message"] == "nvidia.com/gpu gpu-1 (container main)"
+    assert holdings.lost_devices(condition["message"]) == (holdings.LostDevice("main", GPU, "gpu-1"),)
+    assert "lastTransitionTime" in condition
     agent.poll()
     assert len(writer.patches) == 1  # said once
     assert 'gpuguard_node_agent_lost_devices{resource="nvidia.com/gpu"} 1' in registry.render()
@@ -298,11 +393,12 @@ def test_an_unreadable_kubelet_or_a_conflict_changes_nothing() -> None:
     kubelet, pods = Kubelet(), Pods(view("a"), view("b"))
     writer = Writer(pods)
     agent, registry, _ = agent_with(kubelet, pods, writer, [0.0])
+    agent.poll()
     kubelet.broken = True
     agent.poll()
     assert registry.value("gpuguard_node_agent_polls_total", "error") == 1
     kubelet.broken, kubelet.offered = False, {GPU: frozenset({"gpu-0"})}
-    agent.poll()  # first seen
+    agent.poll()  # first seen: gpu-1 left a set the agent saw before the failed read
     writer.conflict = True
     agent.options = Options(node="n1", confirm_seconds=0)
     agent.poll()
@@ -311,3 +407,79 @@ def test_an_unreadable_kubelet_or_a_conflict_changes_nothing() -> None:
     writer.conflict = False
     agent.poll()  # the next poll decides again, on what the cache holds
     assert [p[1] for p in writer.patches] == ["b"]
+
+
+@dataclass
+class Rig:
+    """One agent polling a scripted kubelet, writing to scripted pods, on a fake clock."""
+
+    kubelet: Kubelet
+    pods: Pods
+    writer: Writer
+    clock: list[float]
+    agent: NodeAgent
+    registry: Registry
+    sent: list[str]
+
+    def poll(self, times: int = 1, *, every: float = 0.0) -> None:
+        for _ in range(times):
+            self.agent.poll()
+            self.clock[0] += every
+
+    def written(self) -> list[tuple[str, str]]:
+        """(pod, condition status) of each write, in order."""
+        return [(name, patch["status"]["conditions"][0]["status"]) for _, name, patch in self.writer.patches]
+
+
+def rig(*names: str) -> Rig:
+    kubelet, pods = Kubelet(), Pods(*(view(name) for name in names))
+    writer = Writer(pods)
+    clock = [1000.0]
+    agent, registry, sent = agent_with(kubelet, pods, writer, clock)
+    return Rig(kubelet, pods, writer, clock, agent, registry, sent)
+
+
+def test_a_device_plugin_restart_renaming_every_device_writes_nothing() -> None:
+    node = rig("a", "b")
+    node.poll()
+    # The device plugin comes back with a time-slicing config: every ID renamed, the pods keep theirs.
+    node.kubelet.offered = {GPU: frozenset(f"gpu-{gpu}::{n}" for gpu in range(2) for n in range(4))}
+    node.poll(10, every=10)
+    assert (node.written(), node.sent) == ([], [])
+    assert node.registry.value("gpuguard_node_agent_reregistrations_total", GPU) == 1
+    assert 'gpuguard_node_agent_lost_devices{resource="nvidia.com/gpu"}' not in node.registry.render()
+    # A replica of the renamed set that fails later is reported as before.
+    node.kubelet.holdings.append(held("c", "gpu-1::2"))
+    node.pods.pods["ml/c"] = view("c")
+    node.kubelet.offered = {GPU: node.kubelet.offered[GPU] - {"gpu-1::2"}}
+    node.poll(2, every=20)
+    assert node.written() == [("c", "False")]
+
+
+def test_a_report_survives_a_renaming_while_its_device_stays_away() -> None:
+    node = rig("a", "b")
+    node.poll()
+    node.kubelet.offered = {GPU: frozenset({"gpu-0"})}
+    node.poll(2, every=20)
+    assert node.written() == [("b", "False")]
+    node.kubelet.offered = {GPU: frozenset({"gpu-0::0", "gpu-0::1"})}
+    node.poll(3, every=20)
+    assert node.written() == [("b", "False")]  # b's report stands: it was never undone
+
+
+def test_the_transition_time_moves_only_with_the_status() -> None:
+    node = rig("a")
+    node.kubelet.holdings = [held("a", "gpu-0", "gpu-1")]
+    node.kubelet.offered = {GPU: frozenset({"gpu-0", "gpu-1", "gpu-2", "gpu-3"})}
+    node.poll()
+    for remaining in ({"gpu-0", "gpu-2", "gpu-3"}, {"gpu-2", "gpu-3"}, {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}):
+        node.kubelet.offered = {GPU: frozenset(remaining)}
+        node.poll(2, every=20)
+    written = [p[2]["status"]["conditions"][0] for p in node.writer.patches]
+    assert [(c["status"], len(holdings.lost_devices(c["message"]))) for c in written] == [
+        ("False", 1),
+        ("False", 2),  # another device of the same pod: the message changes, the status does not
+        ("True", 0),
+    ]
+    assert ["lastTransitionTime" in c for c in written] == [True, False, True]
+    assert all("lastProbeTime" in c for c in written)

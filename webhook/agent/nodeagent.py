@@ -5,8 +5,9 @@ and which the node still allocates, and keeps each pod's `GPUGuardDevicesAllocat
 to that (webhook.policy.holdings decides what to write). The pod device-health watcher of
 `gpuguard controllers` reads the condition as it reads `allocatedResourcesStatus`, and decides under
 the policy whether to evict. The agent itself only reports: it never evicts, taints or deletes. What
-it remembers in memory (when it first saw a loss) only delays a first report; a report already made
-is read back from the pod, so a restarted agent neither forgets nor repeats one.
+it remembers in memory (each resource's allocatable set on the last poll, the devices that left it,
+when it first saw a loss) only decides and delays a first report; a report already made is read back
+from the pod, so a restarted agent neither forgets nor repeats one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +30,7 @@ from webhook.kube.informer import Informer
 from webhook.kube.remediation import ConflictError, NotFoundError
 from webhook.metrics import Registry
 from webhook.policy import holdings
-from webhook.policy.holdings import DeviceKey, Holding, PodView
+from webhook.policy.holdings import DeviceKey, Holding, PodView, Registration
 
 log = logging.getLogger("gpuguard.node-agent")
 
@@ -98,12 +99,18 @@ class NodeAgent:
         self.stop = stop
         self.clock = clock
         self.first_seen: dict[DeviceKey, float] = {}
+        self.registrations: Mapping[str, Registration] = {}
         self.observation = Observation()
         registry.counter("gpuguard_node_agent_polls_total", "PodResources polls by outcome", ("outcome",))
         registry.counter(
             "gpuguard_node_agent_condition_writes_total",
             "pod condition writes by condition status and outcome",
             ("status", "outcome"),
+        )
+        registry.counter(
+            "gpuguard_node_agent_reregistrations_total",
+            "allocatable device sets replaced wholesale (a plugin registered again under other IDs: no loss)",
+            ("resource",),
         )
         registry.gauge(
             "gpuguard_node_agent_lost_devices",
@@ -131,13 +138,15 @@ class NodeAgent:
             return
         self.registry.inc("gpuguard_node_agent_polls_total", "ok")
         now = self.clock()
-        loss = holdings.loss(held, allocatable)
-        seen = holdings.device_keys(loss.lost)
-        self.first_seen = {key: self.first_seen.get(key, now) for key in seen}
         pods = {str(key): pod for key, pod in self.pods.snapshot().items()}
         reported = holdings.reported_devices(pods.values())
+        loss = holdings.loss(held, allocatable, self.registrations, reported)
+        self.registrations = loss.registrations
+        seen = holdings.device_keys(loss.lost)
+        self.first_seen = {key: self.first_seen.get(key, now) for key in seen}
         lost = holdings.confirmed(loss.lost, self.first_seen, reported, now, self.options.confirm_seconds)
-        unsure = {h.pod_key for h in held if h.resource in loss.unregistered}
+        unsure_resources = {*loss.unregistered, *loss.reregistered}
+        unsure = {h.pod_key for h in held if h.resource in unsure_resources}
         counts: dict[str, int] = {}
         for holding in loss.lost:
             counts[holding.resource] = counts.get(holding.resource, 0) + len(holding.device_ids)
@@ -147,26 +156,34 @@ class NodeAgent:
                 "no device of %s is allocatable: its plugin is not registered; pods holding it keep their condition",
                 ", ".join(loss.unregistered),
             )
+        for resource in loss.reregistered:
+            self.registry.inc("gpuguard_node_agent_reregistrations_total", resource)
+        if loss.reregistered:
+            log.warning(
+                "the allocatable devices of %s were replaced wholesale: their plugin registered again under"
+                " other IDs, which is no device failure; pods holding them keep their condition",
+                ", ".join(loss.reregistered),
+            )
         for write in holdings.writes(pods, lost, unsure=unsure):
             self._write(write)
 
     def _write(self, write: holdings.Write) -> None:
         pod, condition = write.pod, write.condition
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        written = {
+            "type": holdings.CONDITION_TYPE,
+            "status": condition.status,
+            "reason": condition.reason,
+            "message": condition.message,
+            "lastProbeTime": now,
+        }
+        if pod.condition is None or pod.condition.status != condition.status:
+            # Moves only with the status, as the kubelet's and the node controller's do; a strategic
+            # merge keeps the one the pod carries when the patch leaves it out.
+            written["lastTransitionTime"] = now
         patch = {
             "metadata": {"resourceVersion": pod.resource_version},
-            "status": {
-                "conditions": [
-                    {
-                        "type": holdings.CONDITION_TYPE,
-                        "status": condition.status,
-                        "reason": condition.reason,
-                        "message": condition.message,
-                        "lastTransitionTime": now,
-                        "lastProbeTime": now,
-                    }
-                ]
-            },
+            "status": {"conditions": [written]},
         }
         try:
             self.writer.patch_status(pod.namespace, pod.name, patch)
@@ -204,7 +221,7 @@ def run(options: Options) -> int:
     stop = threading.Event()
     api = api_client(options.kubeconfig)
     registry = Registry()
-    events = EventRecorder(api_sender(api), stop=stop)
+    events = EventRecorder(api_sender(api), stop=stop, instance=options.node)
     pods: Informer[PodView] = Informer("pods", remediation.pods_on_node(api, options.node), _pod, stop=stop)
     client = PodResourcesClient(options.socket)
     agent = NodeAgent(

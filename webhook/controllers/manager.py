@@ -134,7 +134,12 @@ class ControllerManager:
         self.ledger = Ledger()
         self.index = PodIndex()
         self.reports = DeviceReports()
-        self.breaker = Breaker(remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP), _now)
+        # Every write of the controllers checks, just before it goes, that this replica renewed the Lease
+        # within the renew deadline: a leader paused past its lease never writes beside the new one.
+        fence = remediation.Fence(lambda: self.elector.write_window())
+        self.breaker = Breaker(
+            remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP, fence), _now
+        )
         self.pod_health = PodHealth(
             pods=self.pods,
             nodes=self.nodes,
@@ -145,7 +150,7 @@ class ControllerManager:
             fleet_size=self.ledger.fleet_size,
             limits=EvictionRateLimits(clock=lambda: _now().timestamp()),
             policy=lambda: self.store.policy,
-            evictions=remediation.Evictor(api),
+            evictions=remediation.Evictor(api, fence),
             events=self.events,
             registry=self.registry,
             clock=_now,
@@ -159,7 +164,7 @@ class ControllerManager:
             ledger=self.ledger,
             breaker=self.breaker,
             policy=lambda: self.store.policy,
-            writes=remediation.NodeWriter(api),
+            writes=remediation.NodeWriter(api, fence),
             events=self.events,
             registry=self.registry,
             clock=_now,
@@ -175,7 +180,7 @@ class ControllerManager:
         self._policy_source(api)
         identity = options.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self.elector = LeaderElector(
-            LeaseStore(api, options.namespace, LEASE_NAME, timeout=max(options.renew_deadline / 2, 1.0)),
+            LeaseStore(api, options.namespace, LEASE_NAME),
             identity,
             stop=stop,
             on_started=self._lead,

@@ -59,6 +59,8 @@ QUEUE_LIMIT = 256
 # The same Event (object, reason, note) recorded again within this long is not sent again: a
 # level-based controller says "would taint" on every reconcile, a reader needs it once.
 REPEAT_SECONDS = 600.0
+# At most this many Events remembered for that: past it the oldest is forgotten (its repeat may be sent
+# once more), so each record costs the same however many distinct Events a storm brings.
 REPEAT_MEMORY = 10_000
 REQUEST_TIMEOUT_SECONDS = 5
 NOTE_LIMIT = 1024  # the API server refuses longer notes
@@ -100,17 +102,23 @@ class EventRecorder:
         limit: int = QUEUE_LIMIT,
         repeat_seconds: float = REPEAT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        instance: str | None = None,
     ) -> None:
         self.send = send
         self.stop = stop
-        self.instance = socket.gethostname()
+        # Who reports (`reportingInstance`): the replica's host name unless told (the node agent says its
+        # node, which is what its admission policy holds it to).
+        self.instance = instance or socket.gethostname()
         self.repeat_seconds = repeat_seconds
         self.clock = clock
         self.dropped = 0
         self.repeated = 0
         self.sent = 0
         self.failed = 0
-        self._recent: dict[tuple[str, str, str, str, str], float] = {}
+        # Oldest first: every record moves its key to the end.
+        self._recent: collections.OrderedDict[tuple[str, str, str, str, str], float] = (
+            collections.OrderedDict()
+        )
         self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=limit)
         self._ready = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
@@ -127,13 +135,20 @@ class EventRecorder:
             if last is not None and now - last < self.repeat_seconds:
                 self.repeated += 1
                 return
-            if len(self._recent) >= REPEAT_MEMORY:
-                self._recent = {k: t for k, t in self._recent.items() if now - t < self.repeat_seconds}
             self._recent[key] = now
+            self._recent.move_to_end(key)
+            self._forget_old(now)
             if len(self._queue) == self._queue.maxlen:
                 self.dropped += 1
             self._queue.append(body)
             self._ready.notify()
+
+    def _forget_old(self, now: float) -> None:
+        while self._recent:
+            oldest = next(iter(self._recent.values()))
+            if len(self._recent) <= REPEAT_MEMORY and now - oldest < self.repeat_seconds:
+                return
+            self._recent.popitem(last=False)
 
     def pending(self) -> int:
         with self._ready:

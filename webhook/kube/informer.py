@@ -10,6 +10,11 @@ The items live in a persistent mapping (a hash array mapped trie): a change make
 shares all but a few trie nodes with the last one, so publishing it to readers costs the same with
 20,000 objects as with 20, and a reader holding a version never sees it change under it.
 
+One object whose conversion raises (anything: a record annotation nested 1,000 deep makes `json.loads`
+raise RecursionError) is skipped and logged once per version of it, never fails the list or the watch:
+any writer of one object must not be able to keep every cache from syncing. Skipped on a change, the
+object keeps its last converted value; skipped on its deletion, it stays until the next list.
+
 Nothing here runs on a request path, and nothing here imports the Kubernetes client: the list and the
 watch come through `ListWatch`, which `webhook.kube.client` implements for the real API server.
 """
@@ -117,6 +122,16 @@ class Snapshot(Mapping[Hashable, V]):
 EMPTY: Snapshot[Any] = Snapshot()
 
 
+def _metadata(raw: dict[str, Any]) -> dict[str, Any]:
+    metadata = raw.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _identity(raw: dict[str, Any]) -> str:
+    metadata = _metadata(raw)
+    return "/".join(str(part) for part in (metadata.get("namespace"), metadata.get("name")) if part)
+
+
 class Informer(Generic[V]):
     """Mirrors one resource into `{key: converted value}`.
 
@@ -152,6 +167,8 @@ class Informer(Generic[V]):
         self._lock = threading.RLock()
         self._generation = 0
         self._synced = threading.Event()
+        # The objects the converter raised on, by namespace/name, at the version last logged.
+        self._unconvertible: dict[str, str] = {}
         self._change_handlers: list[Callable[[Change[V]], None]] = []
         self._snapshot_listeners: list[Callable[[Mapping[Hashable, V] | None], None]] = []
         self.thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
@@ -230,16 +247,18 @@ class Informer(Generic[V]):
         with self._lock:
             generation, convert = self._generation, self.convert
         items: dict[Hashable, V] = {}
+        unconvertible: dict[str, str] = {}
         resource_version = ""
         for page in paged(self.source):
             for raw in page.items:
-                converted = convert(raw)
+                converted = self._converted(convert, raw, unconvertible)
                 if converted is not None:
                     items[converted[0]] = converted[1]
             resource_version = page.resource_version
         with self._lock:
             if generation != self._generation:
                 return  # a list with a newer converter started meanwhile: its items are the ones to keep
+            self._unconvertible = unconvertible
             self._generation += 1
             previous, self._items = self._items, Snapshot.of(items)
             self.resource_version = resource_version
@@ -280,7 +299,11 @@ class Informer(Generic[V]):
         version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
         if version:
             self.resource_version = str(version)
-        converted = None if kind == "BOOKMARK" else self.convert(raw)
+        if kind == "BOOKMARK":
+            return
+        converted = self._converted(self.convert, raw, self._unconvertible)
+        if kind == "DELETED":
+            self._unconvertible.pop(_identity(raw), None)  # nothing more will come of it
         if converted is None:
             return
         key, value = converted
@@ -296,6 +319,29 @@ class Informer(Generic[V]):
             self._items = self._items.with_item(key, value)
             self._changed(Change(key, old, value))
         self._publish()
+
+    def _converted(
+        self, convert: Converter[V], raw: dict[str, Any], unconvertible: dict[str, str]
+    ) -> tuple[Hashable, V] | None:
+        """`convert(raw)`, or None when it raises; `unconvertible` remembers which version was logged."""
+        identity = _identity(raw)
+        try:
+            converted = convert(raw)
+        except Exception as exc:
+            version = str(_metadata(raw).get("resourceVersion", ""))
+            if self._unconvertible.get(identity) != version:
+                log.error(
+                    "%s: skipping %s at resourceVersion %s, which cannot be read: %s",
+                    self.name,
+                    identity,
+                    version,
+                    " ".join(str(exc).splitlines()[:1]) or type(exc).__name__,
+                    extra={"fields": {"informer": self.name, "object": identity, "resourceVersion": version}},
+                )
+            unconvertible[identity] = version
+            return None
+        unconvertible.pop(identity, None)
+        return converted
 
     # --- delivery ---------------------------------------------------------------------------------
 

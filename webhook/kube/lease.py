@@ -8,6 +8,13 @@ never both win: the second gets a conflict.
 
 A leader that cannot renew within the renew deadline has lost: `on_stopped` runs and the caller must
 end the process, since the other replica may already act (controller-runtime exits for that reason).
+As in client-go, the renew deadline bounds the whole renewal, not one attempt: every request's timeout
+is what is left of it, so `on_stopped` runs at the deadline however slow the API server answers.
+
+Noticing is not enough: a leader paused past the lease (GC, CPU starvation, a frozen VM) runs its
+workers again before its elector thread wakes up. So every write checks `write_window` just before it
+goes: the Lease must have been renewed within the renew deadline by this replica's monotonic clock,
+which leaves the write `lease duration - renew deadline` to land before any standby may take over.
 
 The pinned client's own `kubernetes.leaderelection` is not used: it reaches for the global default
 ApiClient, `sys.exit`s on bad values and sleeps without a stop.
@@ -50,11 +57,13 @@ class LeaseRecord:
 
 
 class Leases(Protocol):
-    def get(self) -> LeaseRecord | None: ...
+    """The Lease in the cluster; each call gives up after `timeout` seconds."""
 
-    def create(self, record: LeaseRecord) -> LeaseRecord: ...
+    def get(self, timeout: float) -> LeaseRecord | None: ...
 
-    def update(self, record: LeaseRecord) -> LeaseRecord: ...
+    def create(self, record: LeaseRecord, timeout: float) -> LeaseRecord: ...
+
+    def update(self, record: LeaseRecord, timeout: float) -> LeaseRecord: ...
 
 
 def micro_time(moment: datetime.datetime) -> str:
@@ -93,16 +102,30 @@ class LeaderElector:
         self.holder = ""
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
+        # When the last successful acquisition or renewal started, by `clock`: the server stamped it
+        # later, so no standby can time the Lease out earlier than this plus the lease duration.
+        self._renewed_at = 0.0
         self.thread = threading.Thread(target=self.run, name="leader-election", daemon=True)
 
-    def try_acquire_or_renew(self) -> bool:
-        """One attempt; True when this replica holds the Lease afterwards."""
+    def write_window(self) -> float:
+        """How many seconds a write may still take (its request timeout); 0 when this replica may not
+        write at all: it does not lead, has seen another holder, or has not renewed the Lease within the
+        renew deadline."""
+        elapsed = self.clock() - self._renewed_at
+        if not self.leading or self.holder != self.identity or elapsed >= self.renew_deadline:
+            return 0.0
+        return self.lease_seconds - elapsed
+
+    def try_acquire_or_renew(self, deadline: float) -> bool:
+        """One attempt, given up at `deadline` (by `clock`); True when this replica holds the Lease."""
+        started = self.clock()
         now = micro_time(self.wall())
         try:
-            current = self.leases.get()
+            current = self.leases.get(self._left(deadline))
             if current is None:
                 record = LeaseRecord(self.identity, round(self.lease_seconds), now, now, 0)
-                self._observe(self.leases.create(record))
+                self._observe(self.leases.create(record, self._left(deadline)))
+                self._renewed_at = started
                 return True
             self._observe(current)
             mine = current.holder == self.identity
@@ -113,13 +136,20 @@ class LeaderElector:
             )
             if not mine:
                 record = replace(record, acquire_time=now, transitions=current.transitions + 1)
-            self._observe(self.leases.update(record))
+            self._observe(self.leases.update(record, self._left(deadline)))
+            self._renewed_at = started
             return True
         except ConflictError:
             return False
         except Exception as exc:
             log.warning("leader election: %s", " ".join(str(exc).splitlines()[:2]) or type(exc).__name__)
             return False
+
+    def _left(self, deadline: float) -> float:
+        left = deadline - self.clock()
+        if left <= 0:
+            raise TimeoutError("the renew deadline passed")
+        return left
 
     def _observe(self, record: LeaseRecord) -> None:
         if self._observed is None or (record.holder, record.renew_time) != (
@@ -132,17 +162,17 @@ class LeaderElector:
 
     def run(self) -> None:
         """Acquires (waiting as long as it takes), then renews until the stop or a lost renewal."""
-        while not self.try_acquire_or_renew():
+        while not self.try_acquire_or_renew(self.clock() + self.renew_deadline):
             if self.stop.wait(self.retry_seconds):
                 return
         self.leading = True
         log.info("%s is the leader", self.identity, extra={"fields": {"identity": self.identity}})
         self.on_started()
-        last_renewal = self.clock()
-        while not self.stop.wait(self.retry_seconds):
-            if self.try_acquire_or_renew():
-                last_renewal = self.clock()
-            elif self.clock() - last_renewal >= self.renew_deadline:
+        while True:
+            deadline = self._renewed_at + self.renew_deadline
+            if self.stop.wait(max(0.0, min(self.retry_seconds, deadline - self.clock()))):
+                return
+            if not self.try_acquire_or_renew(deadline) and self.clock() >= deadline:
                 self.leading = False
                 log.error("%s lost the lease", self.identity, extra={"fields": {"identity": self.identity}})
                 self.on_stopped()
@@ -155,7 +185,7 @@ class LeaderElector:
         self.leading = False
         record = replace(self._observed, holder="", duration_seconds=1, renew_time=micro_time(self.wall()))
         try:
-            self.leases.update(record)
+            self.leases.update(record, self.renew_deadline)
         except Exception as exc:
             log.warning("could not release the lease: %s", " ".join(str(exc).splitlines()[:1]))
             return False
@@ -165,17 +195,15 @@ class LeaderElector:
 class LeaseStore:
     """One Lease through the API server, as raw JSON."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, name: str, *, timeout: float) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
         self.coordination = client.CoordinationV1Api(api)
         self.namespace = namespace
         self.name = name
-        # A slow answer must not cost the lease: the client gives up well within the renew deadline.
-        self.timeout = timeout
 
-    def get(self) -> LeaseRecord | None:
+    def get(self, timeout: float) -> LeaseRecord | None:
         try:
             response = self.coordination.read_namespaced_lease(
-                self.name, self.namespace, _preload_content=False, _request_timeout=self.timeout
+                self.name, self.namespace, _preload_content=False, _request_timeout=timeout
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -183,13 +211,13 @@ class LeaseStore:
             raise
         return self._record(raw_json(response))
 
-    def create(self, record: LeaseRecord) -> LeaseRecord:
-        return self._write(record, create=True)
+    def create(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
+        return self._write(record, timeout, create=True)
 
-    def update(self, record: LeaseRecord) -> LeaseRecord:
-        return self._write(record, create=False)
+    def update(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
+        return self._write(record, timeout, create=False)
 
-    def _write(self, record: LeaseRecord, *, create: bool) -> LeaseRecord:
+    def _write(self, record: LeaseRecord, timeout: float, *, create: bool) -> LeaseRecord:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if record.resource_version:
             metadata["resourceVersion"] = record.resource_version
@@ -207,7 +235,7 @@ class LeaseStore:
                 },
             }
         )
-        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
+        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": timeout}
         try:
             if create:
                 response = self.coordination.create_namespaced_lease(self.namespace, body, **options)

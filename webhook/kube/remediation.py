@@ -1,9 +1,16 @@
 """The API calls the controllers and the node agent make: patches of a Node or a Pod's status at a known
 resourceVersion, evictions, and the ConfigMap that keeps the circuit breaker's state. Raw JSON in and
-out."""
+out.
+
+Every write goes through a `Fence`, checked just before the request is sent: the controllers give
+theirs the leader elector's `write_window`, so a replica that has not renewed its Lease within the
+renew deadline sends nothing (NotLeaderError, which drops the reconcile), and what it sends gives up
+before a standby may take over. Checked here, once, rather than in each controller, no write is
+missed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -12,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, ResourceListWatch, raw_json
+from webhook.kube.controller import TerminalError
 
 FIELD_MANAGER = "gpuguard"
 MERGE_PATCH = "application/merge-patch+json"
@@ -26,6 +34,30 @@ class NotFoundError(Exception):
     """The object is gone (404)."""
 
 
+class NotLeaderError(TerminalError):
+    """This replica may no longer know it holds the Lease: the write was not sent, the reconcile drops."""
+
+
+# How many seconds a write may take from now; 0 or less when it must not be sent at all.
+WriteWindow = Callable[[], float]
+
+
+class Fence:
+    def __init__(self, window: WriteWindow) -> None:
+        self.window = window
+
+    def timeout(self) -> float:
+        """The request timeout for a write about to go (raises NotLeaderError when it must not)."""
+        left = self.window()
+        if left <= 0:
+            raise NotLeaderError("the Lease was not renewed within the renew deadline: not writing")
+        return min(left, REQUEST_TIMEOUT_SECONDS)
+
+
+# For writers that need no Lease: the node agent (one per node) and the CLI.
+UNFENCED = Fence(lambda: REQUEST_TIMEOUT_SECONDS)
+
+
 def _translated(exc: ApiException) -> Exception:
     if exc.status == 409:
         return ConflictError(str(exc.reason))
@@ -34,10 +66,28 @@ def _translated(exc: ApiException) -> Exception:
     return exc
 
 
-class NodeWriter:
-    def __init__(self, api: client.ApiClient) -> None:
+class _Writer:
+    def __init__(self, api: client.ApiClient, fence: Fence = UNFENCED) -> None:
         self.core = client.CoreV1Api(api)
+        self.fence = fence
 
+    def _call(self, call: Any, name: str, patch: dict[str, Any], content_type: str) -> dict[str, Any]:
+        try:
+            response = call(
+                name,
+                patch,
+                field_manager=FIELD_MANAGER,
+                _content_type=content_type,
+                _preload_content=False,
+                _request_timeout=self.fence.timeout(),
+            )
+        except ApiException as exc:
+            raise _translated(exc) from exc
+        result: dict[str, Any] = raw_json(response)
+        return result
+
+
+class NodeWriter(_Writer):
     def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch of the Node (metadata and spec); the patch carries the resourceVersion."""
         return self._call(self.core.patch_node, name, patch, MERGE_PATCH)
@@ -46,34 +96,15 @@ class NodeWriter:
         """A strategic merge patch of the Node's status: conditions merge by type, so others' stay."""
         return self._call(self.core.patch_node_status, name, patch, STRATEGIC_MERGE_PATCH)
 
-    @staticmethod
-    def _call(call: Any, name: str, patch: dict[str, Any], content_type: str) -> dict[str, Any]:
-        try:
-            response = call(
-                name,
-                patch,
-                field_manager=FIELD_MANAGER,
-                _content_type=content_type,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-            )
-        except ApiException as exc:
-            raise _translated(exc) from exc
-        result: dict[str, Any] = raw_json(response)
-        return result
 
-
-class PodStatusWriter:
-    def __init__(self, api: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api)
-
+class PodStatusWriter(_Writer):
     def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A strategic merge patch of the Pod's status: conditions merge by type, so the kubelet's stay."""
 
         def call(pod: str, body: dict[str, Any], **options: Any) -> Any:
             return self.core.patch_namespaced_pod_status(pod, namespace, body, **options)
 
-        return NodeWriter._call(call, name, patch, STRATEGIC_MERGE_PATCH)
+        return self._call(call, name, patch, STRATEGIC_MERGE_PATCH)
 
 
 EvictionResult = Literal["evicted", "blocked", "gone"]
@@ -85,11 +116,8 @@ class EvictionOutcome:
     message: str = ""
 
 
-class Evictor:
+class Evictor(_Writer):
     """The Eviction API: the API server checks PodDisruptionBudgets and adds DisruptionTarget."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api)
 
     def evict(self, namespace: str, name: str, uid: str) -> EvictionOutcome:
         body = {
@@ -105,7 +133,7 @@ class Evictor:
                 namespace,
                 client.V1Eviction.model_validate(body),
                 _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                _request_timeout=self.fence.timeout(),
             )
         except ApiException as exc:
             if exc.status == 429:
@@ -135,10 +163,11 @@ class StoredState:
 class ConfigMapStore:
     """One ConfigMap: read, and written whole at the version read (the circuit breaker's state)."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str, name: str, fence: Fence = UNFENCED) -> None:
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
         self.name = name
+        self.fence = fence
 
     def read(self) -> StoredState:
         try:
@@ -163,7 +192,7 @@ class ConfigMapStore:
         options: dict[str, Any] = {
             "field_manager": FIELD_MANAGER,
             "_preload_content": False,
-            "_request_timeout": REQUEST_TIMEOUT_SECONDS,
+            "_request_timeout": self.fence.timeout(),
         }
         try:
             if read.resource_version is None:

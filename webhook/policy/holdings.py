@@ -6,13 +6,21 @@ held or not). A device held but no longer allocatable has failed under a running
 agent reports it as a pod condition; the pod device-health watcher reads that condition like the
 kubelet's own `allocatedResourcesStatus`, so device plugins and kubelets that do not write the latter
 are covered too. The condition's message is written and read here, in one place.
+
+A device is lost only through a transition the agent saw: it was allocatable on an earlier poll and
+left while the rest of its resource's set stayed. A set replaced wholesale is the device plugin
+registering again under other IDs (a time-slicing or MPS config turns `GPU-<uuid>` into
+`GPU-<uuid>::<n>`, a new ID strategy renames every device): the pods keep the devices the kubelet
+allocated them and nothing failed, so that is no loss, as the kubelet itself defaults a device it no
+longer knows to healthy.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 # A pod condition (custom types are allowed there, as readiness gates use them). Status False: the pod
@@ -20,6 +28,9 @@ from dataclasses import dataclass
 CONDITION_TYPE = "GPUGuardDevicesAllocatable"
 LOST_REASON = "DeviceNotAllocatable"
 RESTORED_REASON = "DevicesAllocatable"
+# The message earlier agents wrote (`<resource> <id>[,<id>] (container <name>)`, `; ` between them):
+# still read, so their reports survive an upgrade; it could not carry IDs that are empty or contain
+# those separators, which the JSON list written now does.
 _HOLDING = re.compile(r"^(?P<resource>\S+) (?P<devices>\S+) \(container (?P<container>[^)]*)\)$")
 
 
@@ -38,6 +49,31 @@ class Holding:
         return f"{self.namespace}/{self.pod}"
 
 
+DeviceKey = tuple[str, str, str, str]  # pod key, container, resource, device
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What the agent remembers of one resource between polls."""
+
+    # The last non-empty allocatable set seen (an empty one says nothing about any device).
+    offered: frozenset[str]
+    # IDs that left `offered` while the rest of the set stayed, and have not come back.
+    departed: frozenset[str] = frozenset()
+
+
+def registration(previous: Registration | None, offered: frozenset[str]) -> tuple[Registration, bool]:
+    """The resource's registration after a poll that found `offered` allocatable, and whether the set
+    was replaced wholesale (fewer than half of the earlier IDs stayed): a re-registration under new IDs,
+    which forgets what had departed, since those IDs name nothing any more."""
+    if previous is None:
+        return Registration(offered), False
+    stayed = previous.offered & offered
+    if 2 * len(stayed) < len(previous.offered):
+        return Registration(offered), True
+    return Registration(offered, (previous.departed | previous.offered) - offered), False
+
+
 @dataclass(frozen=True, slots=True)
 class Loss:
     # Holdings that include a device the node no longer allocates, only those devices kept.
@@ -45,9 +81,30 @@ class Loss:
     # Resources held by pods but absent from the allocatable set altogether: their device plugin is
     # not registered (restarting, or gone). That says nothing about any one device, so no pod is named.
     unregistered: tuple[str, ...]
+    # Resources whose allocatable set was replaced wholesale on this poll: a re-registration under new
+    # IDs, not a failure; pods holding them keep what they say, as for an unregistered one.
+    reregistered: tuple[str, ...]
+    # What to remember for the next poll, per resource.
+    registrations: Mapping[str, Registration]
 
 
-def loss(held: Iterable[Holding], allocatable: Mapping[str, frozenset[str]]) -> Loss:
+def loss(
+    held: Iterable[Holding],
+    allocatable: Mapping[str, frozenset[str]],
+    known: Mapping[str, Registration],
+    reported: Collection[DeviceKey] = (),
+) -> Loss:
+    """Which held devices are lost, given what the previous polls saw (`known`, the `registrations` of
+    the last `Loss`; empty on the first poll, which loses nothing) and what the pods' conditions already
+    report: a report stands while its device is still not allocatable (it survives an agent restart and
+    a re-registration, which forget the transition itself)."""
+    registrations = dict(known)
+    reregistered: list[str] = []
+    for resource, ids in allocatable.items():
+        if ids:
+            registrations[resource], replaced = registration(known.get(resource), ids)
+            if replaced:
+                reregistered.append(resource)
     lost: list[Holding] = []
     unregistered: dict[str, None] = {}
     for holding in held:
@@ -55,9 +112,16 @@ def loss(held: Iterable[Holding], allocatable: Mapping[str, frozenset[str]]) -> 
         if not offered:
             unregistered[holding.resource] = None
             continue
-        if missing := holding.device_ids - offered:
+        departed = registrations[holding.resource].departed
+        missing = frozenset(
+            device
+            for device in holding.device_ids - offered
+            if device in departed
+            or (holding.pod_key, holding.container, holding.resource, device) in reported
+        )
+        if missing:
             lost.append(Holding(holding.namespace, holding.pod, holding.container, holding.resource, missing))
-    return Loss(tuple(lost), tuple(sorted(unregistered)))
+    return Loss(tuple(lost), tuple(sorted(unregistered)), tuple(sorted(reregistered)), registrations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +139,17 @@ def by_pod(holdings: Iterable[Holding]) -> dict[str, list[Holding]]:
 
 
 def lost_condition(holdings: Iterable[Holding]) -> Condition:
-    """The condition for a pod holding lost devices: one `<resource> <id>[,<id>] (container <name>)`
-    per holding, `; ` between them, sorted, so the same loss always reads the same."""
+    """The condition for a pod holding lost devices. Its message is a JSON list, one
+    `{"resource", "container", "devices"}` per holding, sorted, so the same loss always reads the same
+    and any device ID reads back as it was written."""
     parts = sorted(
-        f"{h.resource} {','.join(sorted(h.device_ids))} (container {h.container})" for h in holdings
+        (
+            {"resource": h.resource, "container": h.container, "devices": sorted(h.device_ids)}
+            for h in holdings
+        ),
+        key=lambda part: (part["resource"], part["container"], part["devices"]),
     )
-    return Condition("False", LOST_REASON, "; ".join(parts))
+    return Condition("False", LOST_REASON, json.dumps(parts))
 
 
 RESTORED = Condition("True", RESTORED_REASON, "every device the pod holds is allocatable again")
@@ -94,7 +163,23 @@ class LostDevice:
 
 
 def lost_devices(message: str) -> tuple[LostDevice, ...]:
-    """The devices named by a `lost_condition` message (unreadable parts are skipped)."""
+    """The devices named by a `lost_condition` message, or by an earlier agent's (unreadable parts are
+    skipped: anyone allowed to write pod status can write anything there)."""
+    try:
+        parts = json.loads(message)
+    except (ValueError, RecursionError):
+        return _legacy_lost_devices(message)
+    found: list[LostDevice] = []
+    for part in parts if isinstance(parts, list) else []:
+        if not isinstance(part, dict):
+            continue
+        container, resource, devices = part.get("container"), part.get("resource"), part.get("devices")
+        if isinstance(container, str) and isinstance(resource, str) and isinstance(devices, list):
+            found.extend(LostDevice(container, resource, d) for d in devices if isinstance(d, str))
+    return tuple(found)
+
+
+def _legacy_lost_devices(message: str) -> tuple[LostDevice, ...]:
     found: list[LostDevice] = []
     for part in message.split("; "):
         match = _HOLDING.match(part)
@@ -150,9 +235,6 @@ def pod_view(raw: Mapping[str, object]) -> PodView | None:
 class Write:
     pod: PodView
     condition: Condition
-
-
-DeviceKey = tuple[str, str, str, str]  # pod key, container, resource, device
 
 
 def device_keys(holdings: Iterable[Holding]) -> set[DeviceKey]:
