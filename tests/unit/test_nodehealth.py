@@ -345,3 +345,20 @@ def test_recorded_times_in_the_future_are_taken_as_now_and_logged(caplog: pytest
     assert "later than now" in caplog.text
     written = NodeRecord.from_json(writes.calls[-1][1]["metadata"]["annotations"][health.RECORD_ANNOTATION])
     assert written.signals == {f"deviceGap/{GPU}": NOW}
+
+
+def test_a_signal_not_yet_due_is_timed_in_memory_and_writes_nothing() -> None:
+    # A kubelet or device-plugin restart clears before it is due: it must cause no write at all, and a
+    # failure that stays is acted on when its wait, timed from the first sighting, is over.
+    waiting = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 60}}}})
+    loop, writes, _, _ = controller(waiting, raw_node("gpu-1", allocatable=7))
+    loop.reconcile("gpu-1")
+    assert writes.calls == []
+    loop.clock = lambda: NOW + datetime.timedelta(seconds=59)
+    loop.reconcile("gpu-1")
+    assert writes.calls == []
+    loop.clock = lambda: NOW + datetime.timedelta(seconds=60)
+    loop.reconcile("gpu-1")
+    assert [kind for kind, _ in writes.calls] == ["status", "node"]
+    record = NodeRecord.from_json(writes.calls[1][1]["metadata"]["annotations"][health.RECORD_ANNOTATION])
+    assert record.signals[f"deviceGap/{GPU}"] == NOW

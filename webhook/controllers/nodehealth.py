@@ -193,10 +193,10 @@ class NodeHealth:
                 ", ".join(plan.clamped),
                 extra={"fields": {"node": name, "clamped": list(plan.clamped)}},
             )
-        self.ledger.update(name, plan, persisted=persist, now=now)
+        self.ledger.update(name, plan, persisted=_on_node(facts, plan, persist), now=now)
         if not breaker.open and self._trips(facts, plan, policy):
             plan = health.plan_node(facts, pods, policy, replace(fleet, breaker_open=True), now, record)
-            self.ledger.update(name, plan, persisted=persist, now=now)
+            self.ledger.update(name, plan, persisted=_on_node(facts, plan, persist), now=now)
         if (
             previous is not None
             and previous.record
@@ -221,13 +221,18 @@ class NodeHealth:
 
     def _record(self, facts: NodeFacts, persist: bool) -> NodeRecord | None:
         """What gpuguard knows of the node: the record on it, or the one kept in memory while nothing
-        may be written (audit, warn; a node left alone). A record only simulated in audit mode is
-        never taken for what was done once the policy enforces."""
+        may be written (audit, warn; a node left alone) or while it holds nothing but first sightings
+        (`health.sightings_only`). A record only simulated in audit mode is never taken for what was
+        done once the policy enforces."""
         memory = self.ledger.memory(facts.name)
         if not persist:
             return memory or facts.record
         entry = self.ledger.entry(facts.name)
-        return memory if memory is not None and entry is not None and entry.hands_off else facts.record
+        if memory is not None and entry is not None and entry.hands_off:
+            return memory
+        if facts.record is None and memory is not None and health.sightings_only(memory):
+            return memory
+        return facts.record
 
     def _trips(self, facts: NodeFacts, plan: NodePlan, policy: Policy) -> bool:
         """Logs the node with the breaker when it became due, and asks the breaker; True when it opened
@@ -255,7 +260,7 @@ class NodeHealth:
             node_patch.setdefault("spec", {})["taints"] = taints
         if plan.unschedulable != facts.unschedulable:
             node_patch.setdefault("spec", {})["unschedulable"] = True if plan.unschedulable else None
-        if persist and _record_text(plan.record) != _record_text(facts.record):
+        if _on_node(facts, plan, persist) and _record_text(plan.record) != _record_text(facts.record):
             node_patch["metadata"] = {"annotations": {RECORD_ANNOTATION: _record_text(plan.record)}}
         if node_patch:
             node_patch.setdefault("metadata", {})["resourceVersion"] = version
@@ -315,6 +320,14 @@ def _action(step: Step) -> str:
 
 def _version(raw: dict[str, Any]) -> str:
     return str(raw["metadata"]["resourceVersion"])
+
+
+def _on_node(facts: NodeFacts, plan: NodePlan, persist: bool) -> bool:
+    """The plan's record goes on the node: records are written once any node action is enforced, and
+    then only when they say more than when signals were first seen, or to change one already there."""
+    if not persist:
+        return False
+    return facts.record is not None or plan.record is None or not health.sightings_only(plan.record)
 
 
 def _record_text(record: NodeRecord | None) -> str | None:

@@ -1358,6 +1358,17 @@ def _recover(
     return wanted, replace(record, last_action="recover", last_action_at=now)
 
 
+def sightings_only(record: NodeRecord) -> bool:
+    """A record of nothing but when signals were first seen (and what is known of the node itself): the
+    controllers keep it in memory and do not write it to the node, so a signal that clears before it is
+    due (a kubelet or device-plugin restart, a reboot, a driver install) causes no write at all. A new
+    leader starts those clocks again: that delays an action, never hastens one."""
+    return (
+        replace(record, signals={}, clear_since=None, uid="", expected={}, acknowledged_at=None)
+        == NodeRecord()
+    )
+
+
 def _empty(record: NodeRecord) -> bool:
     """Nothing worth keeping on the node: what is known of the node itself (uid, devices, the last
     acknowledgement) is kept only along with an episode or a history."""
