@@ -191,7 +191,8 @@ class SimNode:
     dra: bool = False
     # The hardware and the software on it, from which capacity, allocatable and device health follow.
     gpus: int = GPUS
-    broken: int = 0  # devices the plugin reports unhealthy (the first ones)
+    gone: int = 0  # GPUs fallen off the bus and no longer enumerated (the first ones)
+    broken: int = 0  # GPUs the plugin reports unhealthy (the first ones it enumerates)
     registered: bool = True  # the device plugin (or DRA driver) is registered with the kubelet
     known: bool = True  # the kubelet has had the resource since the node joined (0 when unregistered)
     renamed: bool = False  # the plugin's ID strategy changed: every device has a new ID
@@ -213,12 +214,13 @@ class SimNode:
         return MIG if self.mig else GPU
 
     def device_ids(self) -> list[str]:
-        """Every device the plugin enumerates, in order (the broken ones first)."""
+        """Every device the plugin enumerates, in order (the broken ones first); a GPU keeps its ID
+        when another falls off the bus."""
         if self.dra:
-            return [f"gpu.nvidia.com/{self.name}/gpu-{i}" for i in range(self.gpus)]
+            return [f"gpu.nvidia.com/{self.name}/gpu-{i}" for i in range(self.gone, self.gpus)]
         if self.mig:
-            return [f"MIG-{self.uid}-{g}-{s}" for g in range(self.gpus) for s in range(MIG_SLICES)]
-        return [str(i) if self.renamed else f"GPU-{self.uid}-{i}" for i in range(self.gpus)]
+            return [f"MIG-{self.uid}-{g}-{s}" for g in range(self.gone, self.gpus) for s in range(MIG_SLICES)]
+        return [str(i) if self.renamed else f"GPU-{self.uid}-{i}" for i in range(self.gone, self.gpus)]
 
     def allocatable_ids(self) -> frozenset[str]:
         if not self.registered or self.dra:
@@ -240,7 +242,7 @@ class SimNode:
         if self.dra or not self.known:
             return {}, {}
         per_gpu = MIG_SLICES if self.mig else 1
-        capacity = {self.resource: self.gpus * per_gpu if self.registered else 0}
+        capacity = {self.resource: (self.gpus - self.gone) * per_gpu if self.registered else 0}
         allocatable = {self.resource: len(self.allocatable_ids())}
         if self.mig:
             # The kubelet keeps a resource it once had at 0.
@@ -966,7 +968,7 @@ def device_fell_off_the_bus(cluster: Cluster, node: SimNode) -> None:
 
 def plugin_reenumerates(cluster: Cluster, node: SimNode) -> None:
     """The plugin restarts and enumerates the GPUs still on the bus: 7/7, no gap left."""
-    node.gpus -= node.broken
+    node.gone += node.broken
     node.broken = 0
     fresh_start(cluster, node)
     cluster.node_changed(node)
@@ -981,7 +983,7 @@ def plugin_crash_loops(cluster: Cluster, node: SimNode) -> None:
     """The plugin dies and crash-loops; the kubelet marks the devices of a plugin gone unhealthy."""
     assert node.plugin is not None
     node.plugin.crash_looping, node.plugin.ready = True, False
-    node.broken = node.gpus
+    node.broken = node.gpus - node.gone
     cluster.node_changed(node)
 
 
