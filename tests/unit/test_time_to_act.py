@@ -21,7 +21,7 @@ from webhook.policy import health
 from webhook.policy.health import NodeFacts, NodeRecord, PodFacts
 
 from .test_health import GPU, raw_node, raw_pod
-from .test_nodehealth import ENFORCE, NOW, Listed, NoStore, controller
+from .test_nodehealth import ENFORCE, NOW, Listed, NoStore, _registry, controller
 
 FIRST_SIGHT = NOW - datetime.timedelta(seconds=700)
 GAP = f"deviceGap/{GPU}"
@@ -87,15 +87,6 @@ def pod_health(node: dict[str, Any], pod: dict[str, Any]) -> tuple[PodHealth, Ev
         "pods", Listed(pod), lambda raw: (f.key, f) if (f := health.pod_facts(raw)) else None, stop=stop
     )
     assert nodes.sync() and pods.sync()
-    registry = Registry()
-    series.register(
-        registry,
-        node_health=list,
-        breaker_open=lambda: False,
-        held_nodes=lambda: 0,
-        queue_depths=list,
-        leader=lambda: True,
-    )
     evictions = Evicted()
     watcher = PodHealth(
         pods=pods,
@@ -106,7 +97,7 @@ def pod_health(node: dict[str, Any], pod: dict[str, Any]) -> tuple[PodHealth, Ev
         policy=lambda: ENFORCE,
         evictions=evictions,
         events=EventRecorder(lambda namespace, body: None, stop=stop),
-        registry=registry,
+        registry=_registry(),
         clock=lambda: NOW,
         stop=stop,
     )
