@@ -784,6 +784,14 @@ class Replay:
             if until < self.cluster.seconds and not reported:
                 del self.agent_watch[name]
 
+    def reconciles(self) -> int:
+        """Reconciles both controllers ran, whatever their result: what the day cost them."""
+        return sum(
+            int(self.registry.value(series.RECONCILES, controller, result))
+            for controller in ("node-health", "pod-health")
+            for result in ("success", "requeue_after", "error", "terminal")
+        )
+
     def memory(self) -> dict[str, int]:
         maps = (self.index, self.limits, self.pod_health._unknown_since, self.pod_health._attempts)
         return {
@@ -1173,6 +1181,7 @@ class Outcome:
     memory: list[dict[str, int]]
     floors: list[tuple[str, bool]]
     expects_failures: bool = False
+    reconciles: int = 0
 
     @property
     def false_writes(self) -> list[Write]:
@@ -1319,6 +1328,7 @@ def ordinary_day(nodes: int, seed: int, *, failures: bool) -> Outcome:
         memory,
         [],
         expects_failures=failures,
+        reconciles=day.replay.reconciles(),
     )
     outcome.floors.append(("no write on a node that did not fail", not outcome.false_writes))
     if failures:
@@ -1395,6 +1405,7 @@ def bad_driver_wave(nodes: int, seed: int) -> Outcome:
         day.over_budget,
         memory,
         [],
+        reconciles=day.replay.reconciles(),
     )
     outcome.floors.append(("no write on a node that did not fail", not outcome.false_writes))
     outcome.floors.append(("the breaker opens at its threshold", met))
@@ -1486,8 +1497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes = []
     for name, run in runs:
         started = time.process_time()
-        outcomes.append(run())
-        say(f"{name}: {time.process_time() - started:.1f} s of CPU")
+        outcome = run()
+        outcomes.append(outcome)
+        say(f"{name}: {time.process_time() - started:.1f} s of CPU, {outcome.reconciles} reconciles")
     return 0 if report(outcomes, args.nodes, args.examples) else FLOOR_MISSED
 
 
