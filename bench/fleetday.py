@@ -1486,16 +1486,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=26)
     parser.add_argument("--examples", type=int, default=1, help="writes listed per cause and kind")
+    parser.add_argument(
+        "--only",
+        choices=("ordinary", "failures", "wave"),
+        action="append",
+        help="run only this replay (repeatable): the ordinary day, the day with failures, the wave",
+    )
     args = parser.parse_args(argv)
     # What the controllers log as they act is what the table lists; their errors still show.
     logging.getLogger("gpuguard").setLevel(logging.ERROR)
     runs: list[tuple[str, Callable[[], Outcome]]] = [
-        ("the ordinary day", lambda: ordinary_day(args.nodes, args.seed, failures=False)),
-        ("the ordinary day with failures", lambda: ordinary_day(args.nodes, args.seed, failures=True)),
-        ("the bad-driver wave", lambda: bad_driver_wave(args.nodes, args.seed)),
+        ("ordinary", lambda: ordinary_day(args.nodes, args.seed, failures=False)),
+        ("failures", lambda: ordinary_day(args.nodes, args.seed, failures=True)),
+        ("wave", lambda: bad_driver_wave(args.nodes, args.seed)),
     ]
     outcomes = []
     for name, run in runs:
+        if args.only and name not in args.only:
+            continue
         started = time.process_time()
         outcome = run()
         outcomes.append(outcome)
