@@ -16,8 +16,9 @@ per node) in 10 pools over 3 zones, with the policy's defaults in enforce mode:
 - the ordinary day: a 30% scale-up with 8-minute driver installs, a reboot wave, a 15-minute zone
   partition, a device-plugin config rollout that renames every device, a DRA driver upgrade, kubelet
   restarts, a MIG reconfiguration of one pool, the scale-down. Floor: no write at all.
-- the same day with 19 real device failures per 1,000 nodes. Floors: each failed node tainted within
-  its signal's `forSeconds` plus one resync (`RESYNC_SECONDS`), no write on a node that did not fail,
+- the same day with 19 real device failures per 1,000 nodes. Floors: each failed node tainted (the pod
+  holding a device reported Unhealthy evicted) within its signal's `forSeconds` plus one resync
+  (`RESYNC_SECONDS`), no write on a node that did not fail,
   never more nodes tainted in a pool than its budget.
 - a rolling bad-driver wave: nodes fail one after another, some replaced by new nodes meanwhile. Floor:
   the breaker opens when the number of nodes that became due passes `circuitBreaker.maxNodes`.
@@ -1020,12 +1021,14 @@ class Episode:
 
 @dataclass(frozen=True)
 class Failure:
-    """A real failure and the signal's wait it must be acted on within (read from the policy)."""
+    """A real failure, the signal's wait it must be acted on within (read from the policy) and the act
+    that remediates it: the node's taint, or for a device one pod reports the eviction of that pod."""
 
     name: str
     steps: tuple[tuple[int, Action], ...]
     wait: Callable[[Policy], float]
     dra: bool = False
+    remedy: str = "taint"
 
 
 def original(cluster: Cluster, *, dra: bool = False) -> list[SimNode]:
@@ -1158,6 +1161,7 @@ FAILURES: tuple[Failure, ...] = (
         steps=((0, claim_device_unhealthy),),
         wait=lambda policy: policy.health.signals.deviceGap.forSeconds,
         dra=True,
+        remedy="evict",
     ),
 )
 # Hours of the ordinary day when no scripted event runs: the failures start then.
@@ -1174,7 +1178,7 @@ class Outcome:
     events: int
     writes: list[Write]
     missed: list[str]
-    times_to_taint: list[float]
+    times_to_act: list[float]
     evictions: int
     breaker: str
     over_budget: int
@@ -1273,20 +1277,24 @@ class Day:
                 moments.append(math.ceil(due))
         return max(second + TICK_SECONDS, min(moments))
 
-    def times_to_taint(self) -> tuple[list[float], list[str]]:
-        first_taint: dict[str, int] = {}
-        for write in self.cluster.writes:
-            if write.kind == "taint":
-                first_taint.setdefault(write.node, write.at)
+    def times_to_act(self) -> tuple[list[float], list[str]]:
+        """Seconds from each failure to its remedy, and the failures remedied late or never."""
         times, missed = [], []
         for name, (failure, at) in sorted(self.failures.items()):
             allowed = failure.wait(self.policy) + RESYNC_SECONDS
-            taken = first_taint.get(name)
-            if taken is not None and taken >= at:
+            taken = next(
+                (
+                    w.at
+                    for w in self.cluster.writes
+                    if w.kind == failure.remedy and w.node == name and w.at >= at
+                ),
+                None,
+            )
+            if taken is not None:
                 times.append(float(taken - at))
-            if taken is None or taken < at or taken - at > allowed:
+            if taken is None or taken - at > allowed:
                 late = "never" if taken is None else f"after {taken - at} s"
-                missed.append(f"{name} ({failure.name}): tainted {late}, allowed {allowed:g} s")
+                missed.append(f"{name} ({failure.name}): {failure.remedy} {late}, allowed {allowed:g} s")
         return times, missed
 
 
@@ -1313,7 +1321,7 @@ def ordinary_day(nodes: int, seed: int, *, failures: bool) -> Outcome:
             at = hours(QUIET_HOURS[index % len(QUIET_HOURS)]) + 97 * (index // len(QUIET_HOURS))
             day.fail(failure, node, at)
     memory = day.run()
-    times, missed = day.times_to_taint()
+    times, missed = day.times_to_act()
     writes = day.cluster.writes
     name = "ordinary day" + (f" + {len(day.failures)} device failures" if failures else "")
     outcome = Outcome(
@@ -1332,7 +1340,7 @@ def ordinary_day(nodes: int, seed: int, *, failures: bool) -> Outcome:
     )
     outcome.floors.append(("no write on a node that did not fail", not outcome.false_writes))
     if failures:
-        outcome.floors.append(("every failure tainted within forSeconds + one resync", not missed))
+        outcome.floors.append(("every failure acted on within forSeconds + one resync", not missed))
         outcome.floors.append(("never more nodes tainted in a pool than its budget", not day.over_budget))
     else:
         start, end = (sum(m[k] for k in ("ledger", "breaker")) for m in (memory[0], memory[-1]))
@@ -1393,7 +1401,7 @@ def bad_driver_wave(nodes: int, seed: int) -> Outcome:
         verdict = f"closed ({len(due_at)} became due, threshold {threshold} in {breaker.windowSeconds} s)"
         met = False
     writes = day.cluster.writes
-    times, _ = day.times_to_taint()
+    times, _ = day.times_to_act()
     outcome = Outcome(
         f"rolling bad-driver wave ({len(wave)} nodes, every other replaced)",
         day.cluster.events,
@@ -1431,14 +1439,14 @@ KINDS = ("taint", "cordon", "evict", "condition", "pod condition", "breaker", "u
 def report(outcomes: Sequence[Outcome], nodes: int, examples: int) -> bool:
     print(f"A fleet day simulated: {nodes} GPU nodes in {POOLS} pools, gpuguard's defaults in enforce mode\n")
     print(
-        "| scenario | events | false actions (all writes) | missed failures | time to taint p50 / p99"
+        "| scenario | events | false actions (all writes) | missed failures | time to act p50 / p99"
         " | evictions | breaker | floors |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for o in outcomes:
         taint = (
-            f"{statistics.median(o.times_to_taint):.0f} / {percentile(o.times_to_taint, 0.99):.0f} s"
-            if o.times_to_taint
+            f"{statistics.median(o.times_to_act):.0f} / {percentile(o.times_to_act, 0.99):.0f} s"
+            if o.times_to_act
             else "-"
         )
         false = o.false_writes

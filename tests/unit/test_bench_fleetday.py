@@ -41,6 +41,6 @@ def test_a_device_gap_is_tainted_through_the_fake_api_and_a_replay_is_determinis
     # The taint gpuguard sent is on the scripted node: the writes reach the objects and their watch.
     assert any(t["key"] == health.TAINT_KEY for t in day.cluster.nodes["gpu-00001"].taints)
     assert day.replay.nodes.get("gpu-00001").tainted  # type: ignore[union-attr]
-    times, missed = day.times_to_taint()
+    times, missed = day.times_to_act()
     assert missed == [] and len(times) == 1
     assert not [w for w in writes if w.false and w.node == "gpu-00001"]
