@@ -758,9 +758,9 @@ class Replay:
         self.agent_watch[node.name] = self.cluster.seconds + AGENT_WATCH_SECONDS
 
     def poll_agents(self) -> None:
-        """The node agents of the nodes whose devices or pods changed lately, or whose pods still say
-        they lost a device, poll; the others would find what they found before (and are not run, to
-        keep a day in seconds). Each agent lives as long as its node, from its first poll."""
+        """The node agents of the nodes whose devices or pods changed lately poll; the others would find
+        what they found before, since only a scripted change moves what the kubelet answers (they are
+        not run, to keep a day in seconds). Each agent lives as long as its node, from its first poll."""
         for name, until in sorted(self.agent_watch.items()):
             node = self.cluster.nodes.get(name)
             if node is None:
@@ -781,8 +781,7 @@ class Replay:
                 )
                 self.agents[name] = agent
             agent.poll()
-            reported = any(c["status"] == "False" for p in node.workers.values() for c in p.written.values())
-            if until < self.cluster.seconds and not reported:
+            if until < self.cluster.seconds:
                 del self.agent_watch[name]
 
     def reconciles(self) -> int:

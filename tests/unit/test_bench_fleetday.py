@@ -1,8 +1,8 @@
 """The fleet-day bench (`python -m bench.fleetday`) at a tiny size, so that it cannot rot unnoticed: the
 real controllers replayed over a scripted day. Its floors are the bench's business (today's controllers
 act on ordinary events, which is what it reveals): this asserts that every run reaches its report, that
-the fake API applies what gpuguard writes (a failed node ends up tainted) and that a replay is
-deterministic."""
+the fake API applies what gpuguard writes (a failed node ends up tainted), that a replay is
+deterministic and that every write it counts is gpuguard's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from bench import FLOOR_MISSED, fleetday
 from webhook.policy import health
+from webhook.policy.model import parse_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,3 +47,14 @@ def test_a_device_gap_is_tainted_through_the_fake_api_and_a_replay_is_determinis
     times, missed = day.times_to_act()
     assert missed == [] and len(times) == 1
     assert not [w for w in writes if w.false and w.node == "gpu-00001"]
+
+
+def test_in_audit_mode_the_ordinary_day_writes_only_what_the_node_agent_reports() -> None:
+    # Nothing but gpuguard writes in the replay: audit mode leaves the controllers nothing to send, so
+    # every write left is the node agent's (which has no mode), and each is attributed to its event.
+    day = fleetday.Day(10, 7, parse_policy(yaml.safe_dump({"health": {"mode": "audit"}})))
+    for episode in fleetday.ORDINARY_DAY:
+        day.plan(episode)
+    day.run()
+    assert {w.kind for w in day.cluster.writes} <= {"pod condition"}
+    assert {w.cause for w in day.cluster.writes} <= {e.name for e in fleetday.ORDINARY_DAY}
