@@ -1,14 +1,15 @@
 """A fleet day, simulated: gpuguard's real controllers replayed over a scripted day of a GPU fleet.
 
-    python -m bench.fleetday [--nodes 1000] [--seed 26] [--examples 3]
+    python -m bench.fleetday [--nodes 1000] [--seed 26] [--examples 1] [--only ordinary|failures|wave]
 
 The node health controller, the pod device-health watcher and the node agent run as they do in
 `gpuguard controllers` and `gpuguard node-agent` (the same classes, the same pure core, real informers
 and work queues), against an API that exists only in memory: scripted Nodes and Pods change as a fleet's
 do, and every write gpuguard sends (condition, taint, cordon, record annotation, eviction, the breaker's
 ConfigMap, the agent's pod condition) is recorded and applied back to the objects, whose watch events
-then reach the informers as they would. Time is a fake clock advanced one second at a time: a day takes
-seconds of CPU, and the same seed gives the same day.
+then reach the informers as they would. Time is a fake clock advanced a second at a time, skipping the
+seconds when nothing is due: a quiet day takes seconds of CPU (one that acts, as many as its reconciles
+cost), and the same seed gives the same day.
 
 Three runs, each from a fleet of `--nodes` GPU nodes (8 GPUs each, a device plugin pod and four GPU pods
 per node) in 10 pools over 3 zones, with the policy's defaults in enforce mode:
@@ -18,8 +19,8 @@ per node) in 10 pools over 3 zones, with the policy's defaults in enforce mode:
   restarts, a MIG reconfiguration of one pool, the scale-down. Floor: no write at all.
 - the same day with 19 real device failures per 1,000 nodes. Floors: each failed node tainted (the pod
   holding a device reported Unhealthy evicted) within its signal's `forSeconds` plus one resync
-  (`RESYNC_SECONDS`), no write on a node that did not fail,
-  never more nodes tainted in a pool than its budget.
+  (`RESYNC_SECONDS`), no write on a node that did not fail, never more nodes tainted in a pool than
+  its budget.
 - a rolling bad-driver wave: nodes fail one after another, some replaced by new nodes meanwhile. Floor:
   the breaker opens when the number of nodes that became due passes `circuitBreaker.maxNodes`.
 
@@ -39,6 +40,7 @@ import itertools
 import logging
 import math
 import random
+import re
 import statistics
 import sys
 import threading
@@ -784,6 +786,13 @@ class Replay:
             if until < self.cluster.seconds:
                 del self.agent_watch[name]
 
+    def acted(self) -> dict[str, tuple[int, float]]:
+        """What the time-to-act histogram on the controllers' /metrics says: step -> (count, mean)."""
+        text = self.registry.render()
+        counts = re.findall(rf'^{series.TIME_TO_ACT}_count{{step="(\w+)"}} (\S+)$', text, re.M)
+        sums = dict(re.findall(rf'^{series.TIME_TO_ACT}_sum{{step="(\w+)"}} (\S+)$', text, re.M))
+        return {step: (int(n), float(sums[step]) / max(int(n), 1)) for step, n in counts}
+
     def reconciles(self) -> int:
         """Reconciles both controllers ran, whatever their result: what the day cost them."""
         return sum(
@@ -1185,6 +1194,8 @@ class Outcome:
     floors: list[tuple[str, bool]]
     expects_failures: bool = False
     reconciles: int = 0
+    # The controllers' own time-to-act histogram: step -> (count, mean seconds).
+    acted: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     @property
     def false_writes(self) -> list[Write]:
@@ -1336,6 +1347,7 @@ def ordinary_day(nodes: int, seed: int, *, failures: bool) -> Outcome:
         [],
         expects_failures=failures,
         reconciles=day.replay.reconciles(),
+        acted=day.replay.acted(),
     )
     outcome.floors.append(("no write on a node that did not fail", not outcome.false_writes))
     if failures:
@@ -1413,6 +1425,7 @@ def bad_driver_wave(nodes: int, seed: int) -> Outcome:
         memory,
         [],
         reconciles=day.replay.reconciles(),
+        acted=day.replay.acted(),
     )
     outcome.floors.append(("no write on a node that did not fail", not outcome.false_writes))
     outcome.floors.append(("the breaker opens at its threshold", met))
@@ -1456,6 +1469,18 @@ def report(outcomes: Sequence[Outcome], nodes: int, examples: int) -> bool:
             f"| {o.name} | {o.events} | {actions} ({len(false)}) | {missed} | {taint} | {o.evictions}"
             f" | {o.breaker} | {floors} |"
         )
+    print(
+        "\nTime to act as the controllers' /metrics report it (`gpuguard_remediation_time_to_act_seconds`),"
+    )
+    print("from first sight of a node's signals: count, mean\n")
+    print("| scenario | condition | taint | evicted | drained |")
+    print("|---|---|---|---|---|")
+    for o in outcomes:
+        cells = [
+            f"{o.acted[step][0]}, {o.acted[step][1]:.0f} s" if step in o.acted else "-"
+            for step in ("condition", "taint", "evicted", "drained")
+        ]
+        print(f"| {o.name} | {' | '.join(cells)} |")
     print("\nMemory the controllers hold, KiB (at the start / peak / end of the run, sampled hourly):\n")
     print("| scenario | ledger | breaker | per-object maps (pod index, rate limits, pod-health maps) |")
     print("|---|---|---|---|")
