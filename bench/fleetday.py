@@ -802,18 +802,21 @@ class Replay:
         )
 
     def memory(self) -> dict[str, int]:
-        maps = (self.index, self.limits, self.pod_health._unknown_since, self.pod_health._attempts)
+        """Bytes held by the ledger, the breaker, and whatever else the controllers keep (the pod
+        index, the rate limits, the maps either controller holds itself), the caches not counted."""
+        shared = (self.ledger, self.breaker, self.nodes, self.pods, self.events)
+        own = (self.index, self.limits, vars(self.pod_health), vars(self.node_health))
         return {
             "ledger": deep_size(self.ledger),
             "breaker": deep_size(self.breaker),
-            "per-object maps": deep_size((*maps, self.node_health._reported_errors)),
+            "per-object maps": deep_size(own, exclude=shared),
         }
 
 
-def deep_size(root: object) -> int:
-    """Bytes held by the data reachable from `root`: containers and dataclasses, not code, locks,
-    threads, clocks or this bench's fakes (what a controller holds per node and per pod)."""
-    seen: set[int] = set()
+def deep_size(root: object, exclude: Iterable[object] = ()) -> int:
+    """Bytes held by the data reachable from `root` but not through `exclude`: containers and
+    dataclasses, not code, locks, threads, clocks or this bench's fakes."""
+    seen = {id(obj) for obj in exclude}
     total = 0
     stack: list[object] = [root]
     while stack:
@@ -1482,7 +1485,9 @@ def report(outcomes: Sequence[Outcome], nodes: int, examples: int) -> bool:
         ]
         print(f"| {o.name} | {' | '.join(cells)} |")
     print("\nMemory the controllers hold, KiB (at the start / peak / end of the run, sampled hourly):\n")
-    print("| scenario | ledger | breaker | per-object maps (pod index, rate limits, pod-health maps) |")
+    print(
+        "| scenario | ledger | breaker | per-object maps (pod index, rate limits, the controllers' own maps) |"
+    )
     print("|---|---|---|---|")
     for o in outcomes:
         cells = [
