@@ -28,17 +28,18 @@ def _escape(value: str) -> str:
 
 
 class Histogram:
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    def __init__(self, buckets: Sequence[float] = LATENCY_BUCKETS) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
         self.total = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
         self.total += seconds
 
     def render(self, name: str, **labels: str) -> Iterable[str]:
         cumulative = 0
-        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), self.counts, strict=True):
+        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
             cumulative += count
             le = "+Inf" if bound == float("inf") else repr(bound)
             yield f"{name}_bucket{_labels(**labels, le=le)} {cumulative}"
@@ -150,6 +151,7 @@ class Registry:
         self._families: list[tuple[str, str, str, tuple[str, ...]]] = []
         self._counters: dict[str, dict[LabelValues, float]] = {}
         self._histograms: dict[str, dict[LabelValues, Histogram]] = {}
+        self._buckets: dict[str, tuple[float, ...]] = {}
         self._gauges: dict[str, Callable[[], Iterable[tuple[LabelValues, float]]]] = {}
         self._lock = threading.Lock()
 
@@ -157,9 +159,12 @@ class Registry:
         self._families.append((name, help_text, "counter", labels))
         self._counters[name] = {}
 
-    def histogram(self, name: str, help_text: str, labels: tuple[str, ...]) -> None:
+    def histogram(
+        self, name: str, help_text: str, labels: tuple[str, ...], buckets: Sequence[float] = LATENCY_BUCKETS
+    ) -> None:
         self._families.append((name, help_text, "histogram", labels))
         self._histograms[name] = {}
+        self._buckets[name] = tuple(buckets)
 
     def gauge(
         self,
@@ -177,7 +182,10 @@ class Registry:
 
     def observe(self, name: str, seconds: float, *values: str) -> None:
         with self._lock:
-            self._histograms[name].setdefault(values, Histogram()).observe(seconds)
+            histograms = self._histograms[name]
+            if values not in histograms:
+                histograms[values] = Histogram(self._buckets[name])
+            histograms[values].observe(seconds)
 
     def value(self, name: str, *values: str) -> float:
         """A counter's current value (what tests and the CLI read back)."""

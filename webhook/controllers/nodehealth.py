@@ -265,6 +265,23 @@ class NodeHealth:
         if node_patch:
             node_patch.setdefault("metadata", {})["resourceVersion"] = version
             self.writes.patch(facts.name, node_patch)
+        self._time_to_act(facts, plan, now)
+
+    def _time_to_act(self, facts: NodeFacts, plan: NodePlan, now: datetime.datetime) -> None:
+        """Observes, once its write went out, how long after the first sight of the node's signals each
+        step was taken: the condition, the taint, the node found drained."""
+        if plan.record is None or not plan.record.signals or plan.condition is None:
+            return
+        before = facts.condition
+        steps = {
+            "condition": plan.condition.status == "False" and (before is None or before.status != "False"),
+            "taint": plan.tainted and not facts.tainted,
+            "drained": plan.condition.reason == "Drained" and (before is None or before.reason != "Drained"),
+        }
+        waited = max((now - min(plan.record.signals.values())).total_seconds(), 0.0)
+        for step, taken in steps.items():
+            if taken:
+                self.registry.observe(series.TIME_TO_ACT, waited, step)
 
     def _report(self, facts: NodeFacts, plan: NodePlan, policy: Policy) -> None:
         if plan.record_lost:

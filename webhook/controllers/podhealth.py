@@ -215,6 +215,8 @@ class PodHealth:
             self._forget(key)
             return Result()
         if outcome.result == "evicted":
+            waited = (now - self._first_sight(key, pod, now)).total_seconds()
+            self.registry.observe(series.TIME_TO_ACT, max(waited, 0.0), "evicted")
             self._forget(key)
             self.registry.inc(series.REMEDIATIONS, "evict", "done")
             self._record(
@@ -247,6 +249,15 @@ class PodHealth:
                 pod, "EvictionBlocked", f"eviction refused, will retry: {outcome.message}", warning=True
             )
         return Result(requeue_after=health.eviction_retry_seconds(policy, refused))
+
+    def _first_sight(self, key: str, pod: PodFacts, now: datetime.datetime) -> datetime.datetime:
+        """When what the pod is evicted for was first seen: its node's earliest signal, or its device's
+        Unknown report; now when neither (an Unhealthy device is acted on at first sight)."""
+        node = self.nodes.get(pod.node)
+        moments = list(node.record.signals.values()) if node is not None and node.record is not None else []
+        with self._lock:
+            unknown = self._unknown_since.get(key)
+        return min([*moments, *([unknown] if unknown is not None else [])], default=now)
 
     def _record(self, pod: PodFacts, reason: Reason, note: str, *, warning: bool) -> None:
         ref = ObjectRef("v1", "Pod", pod.namespace, pod.name, pod.uid)

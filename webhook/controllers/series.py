@@ -9,6 +9,24 @@ from webhook.metrics import LabelValues, Registry
 REMEDIATIONS = "gpuguard_remediations_total"
 RECONCILES = "gpuguard_controller_reconcile_total"
 RECONCILE_SECONDS = "gpuguard_controller_reconcile_duration_seconds"
+TIME_TO_ACT = "gpuguard_remediation_time_to_act_seconds"
+# From seconds (a failure confirmed by correlated exits acts at once) to hours (a long signal wait, a
+# node held by the budget until a place came free).
+TIME_TO_ACT_BUCKETS = (
+    1.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    900.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    21600.0,
+)
 
 
 def register(
@@ -28,6 +46,13 @@ def register(
     )
     registry.counter(RECONCILES, "Reconciles by controller and result.", ("controller", "result"))
     registry.histogram(RECONCILE_SECONDS, "Time one reconcile took.", ("controller",))
+    registry.histogram(
+        TIME_TO_ACT,
+        "Seconds from gpuguard's first sight of a node's failure signals to each step done on it: its"
+        " condition written, its taint written, a pod evicted, the node drained.",
+        ("step",),
+        TIME_TO_ACT_BUCKETS,
+    )
     registry.gauge(
         "gpuguard_node_device_health",
         "1 for each accelerator node, labelled with its pool and state (healthy, suspect, unhealthy, recovering).",
