@@ -220,17 +220,13 @@ class ObjectWatch:
         self.versions: list[dict[str, Any]] = []
 
     def read(self) -> list[dict[str, Any]]:
-        """Every version received so far. kubectl writes each event as indented JSON that closes with
-        a "}" at the start of a line."""
+        """Every version received so far (kubectl writes each watch event as a line of JSON)."""
         with self.log_path.open("rb") as output:
             output.seek(self._offset)
-            text = output.read().decode()
-        end = text.rfind("\n}\n")
-        if end >= 0:
-            complete = text[: end + 3]
-            self._offset += len(complete.encode())
-            for chunk in complete.replace("\n}\n", "\n}\n\0").split("\0")[:-1]:
-                self.versions.append(json.loads(chunk)["object"])
+            text = output.read()
+        complete = text[: text.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        self.versions += [json.loads(line)["object"] for line in complete.splitlines() if line.strip()]
         if not self._process.running():
             raise RuntimeError(f"the watch of {self.what} ended: {log_tail(self.log_path)}")
         return self.versions
