@@ -266,24 +266,22 @@ class GpuguardWrites:
         )
 
     def found(self) -> list[str]:
-        """gpuguard's writes seen so far, one line each."""
-        writes: list[str] = []
+        """gpuguard's writes seen so far, one line each: a mark with the first version that carried it."""
+        first: dict[tuple[str, str], str] = {}
         for watch in self.watches:
             for version in watch.read():
                 metadata = version["metadata"]
                 name = "/".join(filter(None, (metadata.get("namespace"), metadata["name"])))
-                new = gpuguard_marks(version) - self.start.get(metadata["uid"], set())
-                writes += [
-                    f"{version['kind']} {name} at {metadata['resourceVersion']}: {mark}"
-                    for mark in sorted(new)
-                ]
+                for mark in sorted(gpuguard_marks(version) - self.start.get(metadata["uid"], set())):
+                    first.setdefault((f"{version['kind']} {name}", mark), metadata["resourceVersion"])
+        writes = [f"{who} (from resourceVersion {version}): {mark}" for (who, mark), version in first.items()]
         counts = self.responders.writes()
         writes += [
             f"{who} counted {counts[who] - before:.0f} more"
             for who, before in self.counts.items()
             if counts[who] != before
         ]
-        return list(dict.fromkeys(writes))
+        return writes
 
     def quiet_for(self, seconds: float, *, what: str) -> int:
         """Fails at the first write seen within `seconds` from now; returns how many versions of the
