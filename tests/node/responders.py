@@ -197,12 +197,12 @@ def gpuguard_marks(obj: Mapping[str, Any]) -> set[str]:
 def holds_for(violation: Callable[[], str], seconds: float, *, logs: Callable[[], str]) -> None:
     """Asserts that nothing is wrong for `seconds` from now (`violation()` says what is, or ""),
     failing at the first violation with it and `logs()`."""
-    deadline = time.monotonic() + seconds
+    start = time.monotonic()
     while not (problem := violation()):
-        if time.monotonic() >= deadline:
+        if time.monotonic() - start >= seconds:
             return
         time.sleep(POLL_SECONDS)
-    raise AssertionError(f"{problem}\n{logs()}")
+    raise AssertionError(f"{problem} ({time.monotonic() - start:.1f} s into {seconds:.0f} s)\n{logs()}")
 
 
 class ObjectWatch:
