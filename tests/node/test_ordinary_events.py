@@ -33,6 +33,9 @@ from .test_readiness_flakes import UNREACHABLE, no_execute_taints, stop_until_un
 from .workloads import GPU, capacity, container_status, get_pod, on_node, running, wait_for_pod
 
 NODE = "node-b"
+# After each test every node's devices are as its plugin started with them, healthy, and whatever
+# gpuguard marked is undone.
+pytestmark = pytest.mark.usefixtures("healthy_again")
 
 
 @pytest.fixture
@@ -82,8 +85,6 @@ def still_running(cluster: NodeCluster, namespace: str, containers: dict[str, st
 
 def test_a_device_plugin_restart_that_renames_every_device_evicts_nothing(
     cluster: NodeCluster,
-    responders: Responders,
-    healthy_again: None,
     namespace: str,
     watch_writes: Callable[[], GpuguardWrites],
     summary: Callable[[str, str], None],
@@ -117,8 +118,6 @@ def test_a_device_plugin_restart_that_renames_every_device_evicts_nothing(
 
 def test_a_kubelet_restart_that_reads_no_gpus_until_the_plugin_registers_writes_nothing(
     cluster: NodeCluster,
-    responders: Responders,
-    healthy_again: None,
     namespace: str,
     watch_writes: Callable[[], GpuguardWrites],
     summary: Callable[[str, str], None],
@@ -146,8 +145,6 @@ def test_a_kubelet_restart_that_reads_no_gpus_until_the_plugin_registers_writes_
 
 def test_a_node_whose_kubelet_stopped_is_left_to_the_node_lifecycle_controller(
     cluster: NodeCluster,
-    responders: Responders,
-    healthy_again: None,
     kubelets_back: None,
     namespace: str,
     watch_writes: Callable[[], GpuguardWrites],
