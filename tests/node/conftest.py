@@ -1,11 +1,14 @@
 """The node tier's fixtures: a control plane with kube-controller-manager and kube-scheduler, two
 real nodes (kubelet + containerd) with a fake GPU device plugin each, and gpuguard's real webhook
-registered with the API server. Where a node cannot run (no root, no mount namespaces), every test
-here is skipped with the reason, and the session summary says the tier did not run."""
+registered with the API server; for the modules that ask for them (`responders`), gpuguard's
+controllers and node agents with a policy of the tier's own. Where a node cannot run (no root, no
+mount namespaces), every test here is skipped with the reason, and the session summary says the
+tier did not run."""
 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -13,7 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane, log_tail
+from controllers_harness import (
+    NAMESPACE,
+    ControllersProcess,
+    eventually,
+    fast_policy,
+    install_rbac,
+    install_service_account,
+    service_account_kubeconfig,
+    taints,
+)
+from controlplane import CONTROLLERS, ControlPlane, log_tail
 from session import (
     add_summary,
     announce,
@@ -33,10 +46,24 @@ from webhook_harness import (
     wait_until_called,
 )
 
+from webhook.policy import health
+
 from .device_plugin import HEALTHY, FakeDevicePlugin
 from .images import build_images
 from .kubelet_api import KubeletApis, compile_apis
 from .node import Node, NodeBinaries, host_state, node_tier_unavailable, reclaim_leftovers
+from .responders import (
+    AGENT_CONFIRM_SECONDS,
+    AGENT_INTERVAL_SECONDS,
+    AGENT_NAMESPACE,
+    AGENT_SERVICE_ACCOUNT,
+    REACTION_SECONDS,
+    AgentProcess,
+    Responders,
+    plugin_daemonset,
+    plugin_pod,
+    pod_ready,
+)
 from .workloads import GPU, allocatable, delete_all_pods
 
 HERE = Path(__file__).resolve().parent
@@ -45,6 +72,7 @@ CACHE = REPO_ROOT / ".cache"
 TIER = "node tier"
 CLUSTER_KEY = pytest.StashKey["NodeCluster"]()
 NODE_NAMES = ("node-a", "node-b")
+GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}  # what GPU feature discovery labels a GPU node
 DEVICES_PER_NODE = 4
 # Compressed timings, so that a node which stops reporting is tainted and its pods evicted within
 # seconds instead of minutes. The kubelets renew their Lease every LEASE_SECONDS / 4.
@@ -80,6 +108,39 @@ namespaces:
   - names: [{UNGUARDED_NAMESPACE}]
     mode: "off"
 """
+# The controllers' policy (`responders`): every action enforced on the tier's nodes, with waits of
+# seconds. A device gap or a plugin pod not Ready must outlast two of the kubelets' status updates
+# (Node.status_update_seconds: a plugin restart can show allocatable 0 in one); capacity 0 waits
+# longer than a kubelet restart takes to get its plugin back.
+SIGNAL_SECONDS = 4
+CAPACITY_VANISHED_SECONDS = 10
+RECOVERY_SECONDS = 4
+# How long a test watches for a write that must not come: the longest wait of the policy or the
+# agents' (a poll, then the confirmation), and gpuguard's reaction.
+QUIET_SECONDS = (
+    max(SIGNAL_SECONDS, CAPACITY_VANISHED_SECONDS, AGENT_INTERVAL_SECONDS + AGENT_CONFIRM_SECONDS)
+    + REACTION_SECONDS
+)
+# The device-failure chain waits on real processes on a loaded machine: generous, never a timing assertion.
+PATIENCE = 120.0
+TAINT = f"{health.TAINT_KEY}:NoSchedule"
+
+
+def responders_policy() -> dict[str, Any]:
+    policy = fast_policy(
+        "node-tier",
+        signals={
+            "deviceGap": {"forSeconds": SIGNAL_SECONDS},
+            "devicePlugin": {
+                "notReadyForSeconds": SIGNAL_SECONDS,
+                "capacityVanishedForSeconds": CAPACITY_VANISHED_SECONDS,
+            },
+            "podDeviceHealth": {"unknownForSeconds": SIGNAL_SECONDS},
+        },
+        recovery={"afterSeconds": RECOVERY_SECONDS},
+    )
+    policy["health"]["nodeSelector"] = {"matchLabels": GPU_NODE_LABELS}  # both real nodes, nothing else
+    return policy
 
 
 @dataclass
@@ -152,6 +213,7 @@ def cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactor
     problems: list[str] = []
     try:
         plane.start_controller_manager(
+            controllers=(*CONTROLLERS, "daemonset-controller"),  # the device plugin's pods
             node_monitor_period=1,
             node_monitor_grace_period=NODE_MONITOR_GRACE_SECONDS,
             node_startup_grace_period=30,
@@ -174,7 +236,7 @@ def cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactor
                 binaries,
                 tmp_path_factory.mktemp(name),
                 images,
-                labels={"nvidia.com/gpu.present": "true"},
+                labels=GPU_NODE_LABELS,
                 lease_seconds=LEASE_SECONDS,
             )
             state.nodes[name] = node
@@ -220,13 +282,25 @@ def all_devices_allocatable(node: Node) -> bool:
 
 
 def restore_health(cluster: NodeCluster, name: str) -> None:
-    """Every device of node `name` healthy again, and its allocatable back to all of them."""
+    """Every device of node `name` healthy again, the ones its plugin started with (it restarts with
+    them if it was restarted with others), and its allocatable back to all of them."""
     plugin, node = cluster.plugins[name], cluster.nodes[name]
+    if set(plugin.health()) != set(plugin.device_ids):
+        plugin.restart()
     for device in plugin.health():
         plugin.set_health(device, HEALTHY)
     node.wait_for(
         functools.partial(all_devices_allocatable, node), what=f"every GPU of {name} allocatable again"
     )
+
+
+@pytest.fixture
+def kubelets_back(cluster: NodeCluster) -> Iterator[None]:
+    """Whatever happens in the test, every node's kubelet runs again afterwards."""
+    yield
+    for node in cluster.nodes.values():
+        if not node.kubelet_running:
+            node.start_kubelet()
 
 
 @pytest.fixture
@@ -238,6 +312,86 @@ def namespace(cluster: NodeCluster, request: pytest.FixtureRequest) -> Iterator[
     yield name
     delete_all_pods(cluster.plane, name)
     cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@dataclass(frozen=True)
+class Accounts:
+    controllers: Path  # a kubeconfig for gpuguard-controllers
+    agent: Path  # and one for gpuguard-node-agent
+
+
+@pytest.fixture(scope="session")
+def accounts(cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Accounts:
+    """deploy/'s ServiceAccounts of the controllers and of the node agent with their rights, a
+    kubeconfig each; and the device plugin's pods, Ready on every node (responders.plugin_daemonset)."""
+    plane = cluster.plane
+    install_rbac(plane)
+    install_service_account(plane, AGENT_SERVICE_ACCOUNT)
+    plane.kubectl("apply", "-f", "-", input=json.dumps(plugin_daemonset(GPU_NODE_LABELS)))
+    for name, node in cluster.nodes.items():
+        node.wait_for(
+            functools.partial(lambda name: pod_ready(plugin_pod(plane, name)), name),
+            what="the device plugin's pod Ready",
+        )
+    workdir = tmp_path_factory.mktemp("accounts")
+    return Accounts(
+        service_account_kubeconfig(plane, workdir / "controllers.kubeconfig"),
+        service_account_kubeconfig(
+            plane, workdir / "agent.kubeconfig", AGENT_SERVICE_ACCOUNT, AGENT_NAMESPACE
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def responders(
+    cluster: NodeCluster, accounts: Accounts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Responders]:
+    """gpuguard's controllers (responders_policy) and a node agent per node, as their deploy/
+    ServiceAccounts, for the tests of one module: the other node tests flip device health and expect
+    nobody to act."""
+    workdir = tmp_path_factory.mktemp("responders")
+    controllers = ControllersProcess(
+        workdir / "controllers", accounts.controllers, responders_policy(), identity="a"
+    )
+    agents = {
+        name: AgentProcess(workdir, accounts.agent, name, node.pod_resources_socket)
+        for name, node in cluster.nodes.items()
+    }
+    started = Responders(controllers, agents)
+    try:
+        controllers.start()
+        controllers.wait_ready()
+        controllers.wait_leading()
+        for agent in agents.values():
+            agent.start()
+        eventually(lambda: all(a.ready() for a in agents.values()), what="every node agent ready")
+        yield started
+    finally:
+        controllers.stop()
+        for agent in agents.values():
+            agent.stop()
+        cluster.plane.kubectl(
+            "delete", "configmap", "gpuguard-remediation", "-n", NAMESPACE, "--ignore-not-found"
+        )
+
+
+@pytest.fixture
+def healthy_again(cluster: NodeCluster, responders: Responders) -> Iterator[None]:
+    """After the test: every node's devices as its plugin started with them, healthy, and gpuguard's
+    taint gone again (the controllers undo it)."""
+    yield
+    for name in cluster.nodes:
+        restore_health(cluster, name)
+        untainted(cluster, responders, name)
+
+
+def untainted(cluster: NodeCluster, responders: Responders, name: str) -> None:
+    eventually(
+        lambda: TAINT not in taints(cluster.plane, name),
+        what=f"gpuguard's taint removed from {name} on recovery",
+        timeout=PATIENCE,
+        processes=[responders.controllers],
+    )
 
 
 summary = summary_fixture(TIER)

@@ -5,7 +5,9 @@
 device's health on the pods holding it (`allocatedResourcesStatus`), as with a real GPU.
 
 Like a real plugin it registers again whenever the kubelet restarts: a starting kubelet empties
-the folder (the plugin's socket with it) and creates a new `kubelet.sock`."""
+the folder (the plugin's socket with it) and creates a new `kubelet.sock`. The test can restart it
+as a configuration change or a crash does (`restart`: the same devices, renamed ones, fewer), and
+hold it back from registering (`registration_held`: a plugin slow to come back)."""
 
 from __future__ import annotations
 
@@ -43,13 +45,18 @@ class FakeDevicePlugin:
         self.api = apis.deviceplugin
         self.plugin_dir = plugin_dir
         self.resource = resource
-        self.socket = plugin_dir / f"gpuguard-fake-{resource.replace('/', '-')}.sock"
+        # The devices it enumerates when it starts: what `restart()` without devices comes back with.
+        self.device_ids = tuple(device_ids)
         self._health = dict.fromkeys(device_ids, HEALTHY)
         self._changed = threading.Condition()
         self._generation = 0  # bumped on every health change and on stop: wakes the streams
         self._stopping = threading.Event()
+        # Serving and registering, by the watcher (a new kubelet) or by a restart: one at a time.
+        self._lifecycle = threading.Lock()
         self._server: grpc.Server | None = None
-        self._kubelet_socket_id: tuple[int, int] | None = None
+        self._socket: Path | None = None
+        self._registered_with: tuple[int, int] | None = None  # the kubelet.sock registered with
+        self._held = threading.Event()
         self._watcher: threading.Thread | None = None
         self.allocations: list[Allocation] = []
         self.registrations = 0
@@ -75,6 +82,32 @@ class FakeDevicePlugin:
         with self._changed:
             return dict(self._health)
 
+    def restart(self, device_ids: Sequence[str] | None = None) -> None:
+        """The plugin restarts, as after a crash or a change of its configuration: its server goes (the
+        kubelet's stream ends, and the kubelet marks every device unhealthy), and it comes back at once
+        enumerating `device_ids` (its first devices when None), all healthy, and registers again
+        (unless held). The GPU operator's time-slicing config comes back with every ID renamed
+        (`GPU-<uuid>::<n>`); a plugin restarted after a GPU fell off the bus, with one device fewer."""
+        with self._lifecycle:
+            self._stop_server()
+            with self._changed:
+                self._health = dict.fromkeys(self.device_ids if device_ids is None else device_ids, HEALTHY)
+                self._generation += 1
+                self._changed.notify_all()
+            self._registered_with = None
+            self._register_if_due()
+
+    @contextlib.contextmanager
+    def registration_held(self) -> Iterator[None]:
+        """Inside, the plugin does not register with a kubelet it is not registered with (a restarted
+        one): a plugin slow to come back, so that what the kubelet reports without it can be seen. It
+        registers on its next look once released."""
+        self._held.set()
+        try:
+            yield
+        finally:
+            self._held.clear()
+
     def stop(self) -> None:
         self._stopping.set()
         with self._changed:
@@ -82,7 +115,8 @@ class FakeDevicePlugin:
             self._changed.notify_all()
         if self._watcher is not None:
             self._watcher.join(timeout=10)
-        self._stop_server()
+        with self._lifecycle:
+            self._stop_server()
 
     # --- registration --------------------------------------------------------------------------------
 
@@ -95,19 +129,30 @@ class FakeDevicePlugin:
 
     def _keep_registered(self) -> None:
         while not self._stopping.is_set():
-            current = self._kubelet_socket()
-            if current is not None and current != self._kubelet_socket_id:
-                try:
-                    self._serve_and_register()
-                    self._kubelet_socket_id = current
-                except grpc.RpcError:
-                    pass  # a kubelet still starting: try again on the next look
+            with self._lifecycle:
+                self._register_if_due()
             self._stopping.wait(WATCH_INTERVAL)
+
+    def _register_if_due(self) -> None:
+        """Serves and registers with a kubelet it is not registered with: at the start, after the
+        kubelet restarted (a new kubelet.sock), after a restart of the plugin."""
+        current = self._kubelet_socket()
+        if current is None or current == self._registered_with or self._held.is_set():
+            return
+        try:
+            self._serve_and_register()
+        except grpc.RpcError:
+            return  # a kubelet still starting: try again on the next look
+        self._registered_with = current
 
     def _serve_and_register(self) -> None:
         self._stop_server()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
+        # A socket of its own for each registration, as a new plugin process may name it: the kubelet
+        # then never mistakes the new registration for the connection it is still winding up (same
+        # path: "device plugin already connected").
+        socket = (
+            self.plugin_dir / f"gpuguard-fake-{self.resource.replace('/', '-')}-{self.registrations}.sock"
+        )
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="fake-plugin"))
         api = self.api
         handlers = {
@@ -131,9 +176,9 @@ class FakeDevicePlugin:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(DEVICE_PLUGIN_SERVICE, handlers),)
         )
-        server.add_insecure_port(f"unix://{self.socket}")
+        server.add_insecure_port(f"unix://{socket}")
         server.start()
-        self._server = server
+        self._server, self._socket = server, socket
         with grpc.insecure_channel(f"unix://{self.plugin_dir / 'kubelet.sock'}") as channel:
             register = channel.unary_unary(
                 f"/{REGISTRATION_SERVICE}/Register",
@@ -142,7 +187,7 @@ class FakeDevicePlugin:
             )
             request = api.RegisterRequest(
                 version=DEVICE_PLUGIN_VERSION,
-                endpoint=self.socket.name,  # relative to the kubelet's device-plugin folder
+                endpoint=socket.name,  # relative to the kubelet's device-plugin folder
                 resource_name=self.resource,
                 options=api.DevicePluginOptions(),
             )
@@ -153,6 +198,10 @@ class FakeDevicePlugin:
         if self._server is not None:
             self._server.stop(grace=None)
             self._server = None
+        if self._socket is not None:
+            with contextlib.suppress(FileNotFoundError):  # a starting kubelet empties the folder
+                self._socket.unlink()
+            self._socket = None
 
     # --- the kubelet's side ------------------------------------------------------------------------
 

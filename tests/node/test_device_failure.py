@@ -8,52 +8,42 @@ disruption, taint-eviction controllers) and kube-scheduler.
    replacement runs on the healthy node.
 2. The node agent reads the kubelet's PodResources API: it names the pod holding the failed device
    (and no other) in that pod's condition, and the controllers evict that pod and no other.
+3. A GPU fails and its device plugin is restarted, the usual first response: it comes back without
+   the failed GPU, so the node reports no gap at all, one device short. The node stays marked.
 
-The controllers and agents run only for this module (the other node tests flip device health and
-expect nobody to act), as their deploy/ ServiceAccounts.
+The controllers and agents (conftest.responders) run as their deploy/ ServiceAccounts.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from controllers_harness import (
-    NAMESPACE,
-    ControllersProcess,
-    eventually,
-    fast_policy,
-    install_rbac,
-    install_service_account,
-    service_account_kubeconfig,
-    taints,
-)
-from controlplane import (
-    LOOPBACK,
-    ControlPlane,
-    Process,
-    free_ports,
-    http_get,
-    log_tail,
-    spawn,
-    without_proxies,
-)
-from webhook_harness import REPO_ROOT, gpu_job, gpu_pod, metric_samples, submit
+from controllers_harness import eventually, own_condition, record, taints
+from controlplane import ControlPlane
+from webhook_harness import gpu_job, gpu_pod, submit
 
-from webhook.policy import health, holdings
+from webhook.policy import holdings
 
-from .conftest import GRACE_SECONDS, PRE_STOP_SECONDS, NodeCluster, restore_health
+from .conftest import (
+    DEVICES_PER_NODE,
+    GRACE_SECONDS,
+    PATIENCE,
+    PRE_STOP_SECONDS,
+    RECOVERY_SECONDS,
+    TAINT,
+    NodeCluster,
+)
 from .device_plugin import UNHEALTHY
+from .responders import REACTION_SECONDS, Responders, holds_for
 from .test_graceful_termination import HOLD, TERM_RECORDER, uptime
 from .workloads import (
     GPU,
     HOSTNAME_LABEL,
     allocatable,
+    capacity,
     container_status,
     get_pod,
     on_node,
@@ -61,127 +51,9 @@ from .workloads import (
     wait_for_pod,
 )
 
-TAINT = f"{health.TAINT_KEY}:NoSchedule"
-AGENT_SERVICE_ACCOUNT = "gpuguard-node-agent"
-AGENT_NAMESPACE = "gpuguard-node"  # deploy/node-agent: a namespace of its own
-GPU_NODES = {"nvidia.com/gpu.present": "true"}  # the node tier's nodes carry it
-# The chain waits on real processes on a loaded machine: generous, never a timing assertion.
-PATIENCE = 120.0
 # A training process stopped by SIGTERM exits non-zero (128 + 15, as a shell reports it): with exit 0
 # the pod would be Succeeded and the Job complete, whatever became of its device.
 TERM_RECORDER_EXIT_143 = TERM_RECORDER.replace("exit 0", "exit 143")
-
-
-class AgentProcess:
-    """`python -m webhook node-agent` for one node, on that node's PodResources socket."""
-
-    def __init__(self, workdir: Path, kubeconfig: Path, node: str, socket: Path) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (self.port,) = free_ports(1)
-        self.node = node
-        self.log_path = workdir / f"agent-{node}.log"
-        self.argv = [
-            sys.executable,
-            "-m",
-            "webhook",
-            "node-agent",
-            f"--node={node}",
-            f"--socket={socket}",
-            "--interval=1",
-            "--confirm-seconds=2",
-            f"--host={LOOPBACK}",
-            f"--port={self.port}",
-            f"--kubeconfig={kubeconfig}",
-        ]
-        self._process: Process | None = None
-
-    def start(self) -> None:
-        env = {
-            k: v for k, v in without_proxies().items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")
-        }
-        env["PYTHONPATH"] = str(REPO_ROOT)
-        self._process = spawn(self.argv, self.log_path, env, cwd=REPO_ROOT)
-
-    def ready(self) -> bool:
-        return http_get(self.port, "/readyz")[0] == 200
-
-    def metric(self, name: str, **labels: str) -> float:
-        code, body = http_get(self.port, "/metrics")
-        assert code == 200, f"/metrics answered {code}"
-        return sum(v for found, v in metric_samples(body.decode(), name) if labels.items() <= found.items())
-
-    def log(self) -> str:
-        return log_tail(self.log_path, 60)
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.stop()
-
-
-@dataclass
-class Responders:
-    controllers: ControllersProcess
-    agents: dict[str, AgentProcess]
-
-    def logs(self) -> str:
-        parts = [f"--- controllers\n{self.controllers.log()}"]
-        parts += [f"--- agent {name}\n{agent.log()}" for name, agent in self.agents.items()]
-        return "\n".join(parts)
-
-
-@pytest.fixture(scope="module")
-def responders(cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Responders]:
-    plane = cluster.plane
-    install_rbac(plane)
-    install_service_account(plane, AGENT_SERVICE_ACCOUNT)
-    workdir = tmp_path_factory.mktemp("responders")
-    policy = fast_policy("node-tier")
-    policy["health"]["nodeSelector"] = {"matchLabels": GPU_NODES}  # both real nodes, nothing else
-    controllers = ControllersProcess(
-        workdir / "controllers",
-        service_account_kubeconfig(plane, workdir / "controllers.kubeconfig"),
-        policy,
-        identity="a",
-    )
-    agent_kubeconfig = service_account_kubeconfig(
-        plane, workdir / "agent.kubeconfig", AGENT_SERVICE_ACCOUNT, AGENT_NAMESPACE
-    )
-    agents = {
-        name: AgentProcess(workdir, agent_kubeconfig, name, node.pod_resources_socket)
-        for name, node in cluster.nodes.items()
-    }
-    started = Responders(controllers, agents)
-    try:
-        controllers.start()
-        controllers.wait_ready()
-        controllers.wait_leading()
-        for agent in agents.values():
-            agent.start()
-        eventually(lambda: all(a.ready() for a in agents.values()), what="every node agent ready")
-        yield started
-    finally:
-        controllers.stop()
-        for agent in agents.values():
-            agent.stop()
-        plane.kubectl("delete", "configmap", "gpuguard-remediation", "-n", NAMESPACE, "--ignore-not-found")
-
-
-@pytest.fixture
-def healthy_again(cluster: NodeCluster, responders: Responders) -> Iterator[None]:
-    """After the test: every device healthy, and gpuguard's taint gone again (the controllers undo it)."""
-    yield
-    for name in cluster.nodes:
-        restore_health(cluster, name)
-        untainted(cluster, responders, name)
-
-
-def untainted(cluster: NodeCluster, responders: Responders, name: str) -> None:
-    eventually(
-        lambda: TAINT not in taints(cluster.plane, name),
-        what=f"gpuguard's taint removed from {name} on recovery",
-        timeout=PATIENCE,
-        processes=[responders.controllers],
-    )
 
 
 def job_pods(plane: ControlPlane, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -369,4 +241,56 @@ def test_the_node_agent_names_the_pod_on_the_failed_device_and_only_that_pod_is_
     summary(
         "node_agent",
         f"node agent: {device} held by {namespace}/holder reported; holder evicted, neighbour kept",
+    )
+
+
+def marks(plane: ControlPlane, name: str) -> str:
+    """gpuguard's taint, condition and record on the node, as one line."""
+    condition = own_condition(plane, name) or {}
+    return (
+        f"taints {taints(plane, name)}, condition {condition.get('status')} ({condition.get('message')}), "
+        f"record {record(plane, name)}"
+    )
+
+
+def test_a_gpu_gone_after_a_plugin_restart_keeps_the_node_marked(
+    cluster: NodeCluster,
+    responders: Responders,
+    healthy_again: None,
+    summary: Callable[[str, str], None],
+) -> None:
+    plane, name = cluster.plane, "node-a"
+    node, plugin = cluster.nodes[name], cluster.plugins[name]
+    failed = plugin.device_ids[-1]
+    plugin.set_health(failed, UNHEALTHY)
+    node.wait_for(lambda: allocatable(node.node(), GPU) == DEVICES_PER_NODE - 1, what="allocatable lowered")
+
+    def marked() -> bool:
+        condition = own_condition(plane, name)
+        return TAINT in taints(plane, name) and condition is not None and condition["status"] == "False"
+
+    eventually(
+        marked,
+        what=f"gpuguard's taint and condition on {name}",
+        timeout=PATIENCE,
+        processes=[responders.controllers],
+    )
+    plugin.restart([device for device in plugin.device_ids if device != failed])
+    left = DEVICES_PER_NODE - 1
+    node.wait_for(
+        lambda: (capacity(node.node(), GPU), allocatable(node.node(), GPU)) == (left, left),
+        what=f"the plugin back with {left} devices, all healthy: no gap",
+    )
+
+    # gpuguard would undo its marks recovery.afterSeconds after it saw the gap close.
+    window = RECOVERY_SECONDS + REACTION_SECONDS
+    holds_for(
+        lambda: "" if marked() else f"gpuguard unmarked {name}, one GPU short: {marks(plane, name)}",
+        window,
+        logs=responders.logs,
+    )
+    summary(
+        "device_gone",
+        f"{failed} on {name} failed and its plugin came back with {left} of {DEVICES_PER_NODE} devices: "
+        f"taint and condition kept for {window:.0f} s (recovery.afterSeconds {RECOVERY_SECONDS})",
     )

@@ -16,6 +16,7 @@ from controlplane import wait_until
 from webhook_harness import READINESS_KEYS, gpu_pod, readiness_tolerations, submit
 
 from .conftest import DEFAULT_TOLERATION_SECONDS, NODE_MONITOR_GRACE_SECONDS, UNGUARDED_NAMESPACE, NodeCluster
+from .node import Node
 from .test_device_health import LONG_RUNNING
 from .workloads import container_status, delete_all_pods, get_pod, on_node, running, wait_for_pod
 
@@ -28,6 +29,19 @@ def no_execute_taints(node: dict[str, Any]) -> set[str]:
     return {t["key"] for t in node.get("spec", {}).get("taints") or [] if t["effect"] == "NoExecute"}
 
 
+def stop_until_unreachable(node: Node) -> float:
+    """Stops the node's kubelet and waits until the node-lifecycle controller taints the node
+    unreachable; returns the seconds that took."""
+    stopped = time.monotonic()
+    node.stop_kubelet()
+    wait_until(
+        lambda: UNREACHABLE in no_execute_taints(node.node()),
+        timeout=NODE_MONITOR_GRACE_SECONDS + 60,
+        what=f"{node.name} tainted {UNREACHABLE}:NoExecute",
+    )
+    return time.monotonic() - stopped
+
+
 @pytest.fixture
 def unguarded(cluster: NodeCluster) -> Iterator[str]:
     """The namespace gpuguard's policy turns itself off in (it has a fixed name: the policy names it)."""
@@ -37,20 +51,11 @@ def unguarded(cluster: NodeCluster) -> Iterator[str]:
     cluster.plane.kubectl("delete", "namespace", UNGUARDED_NAMESPACE, "--wait=false", check=False)
 
 
-@pytest.fixture
-def kubelet_back(cluster: NodeCluster) -> Iterator[None]:
-    """Whatever happens in the test, the node's kubelet runs again afterwards."""
-    yield
-    node = cluster.nodes[NODE]
-    if not node.kubelet_running:
-        node.start_kubelet()
-
-
 def test_pod_with_gpuguard_tolerations_survives_a_kubelet_outage_that_evicts_the_default(
     cluster: NodeCluster,
     namespace: str,
     unguarded: str,
-    kubelet_back: None,
+    kubelets_back: None,
     summary: Callable[[str, str], None],
 ) -> None:
     plane, node = cluster.plane, cluster.nodes[NODE]
@@ -66,13 +71,7 @@ def test_pod_with_gpuguard_tolerations_survives_a_kubelet_outage_that_evicts_the
     container_before = container_status(guarded)["containerID"]
 
     stopped = time.monotonic()
-    node.stop_kubelet()
-    wait_until(
-        lambda: UNREACHABLE in no_execute_taints(node.node()),
-        timeout=NODE_MONITOR_GRACE_SECONDS + 60,
-        what=f"{NODE} tainted {UNREACHABLE}:NoExecute",
-    )
-    tainted = time.monotonic() - stopped
+    tainted = stop_until_unreachable(node)
     evicted = wait_for_pod(
         plane,
         unguarded,
