@@ -55,7 +55,7 @@ from bench import FLOOR_MISSED
 from webhook.agent.nodeagent import NodeAgent
 from webhook.agent.nodeagent import Options as AgentOptions
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, EvictionRateLimits, Ledger, PodIndex
+from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, Ledger, PodIndex
 from webhook.controllers.nodehealth import NodeHealth
 from webhook.controllers.podhealth import PodHealth
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
@@ -673,13 +673,17 @@ class Replay:
         )
         self.ledger = Ledger()
         self.index = PodIndex()
+        self.reports = DeviceReports()
         self.breaker = Breaker(BreakerConfigMap(cluster, lambda: self.breaker), lambda: cluster.now)
         self.limits = EvictionRateLimits(clock=cluster.monotonic)
         self.pod_health = PodHealth(
             pods=self.pods,
             nodes=self.nodes,
+            index=self.index,
+            reports=self.reports,
             namespace_labels=lambda namespace: {},
             breaker=self.breaker,
+            fleet_size=self.ledger.fleet_size,
             limits=self.limits,
             policy=lambda: policy,
             evictions=EvictionApi(cluster),
@@ -692,6 +696,7 @@ class Replay:
             nodes=self.nodes,
             pods=self.pods,
             index=self.index,
+            reports=self.reports,
             ledger=self.ledger,
             breaker=self.breaker,
             policy=lambda: policy,
@@ -722,6 +727,7 @@ class Replay:
         self.agent_watch: dict[str, int] = {}  # node -> until when its agent polls
 
     def _pod_changed(self, change: Change[PodFacts]) -> None:
+        self.reports.observe(change)
         self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
         self.pod_health.pod_changed(change)
 
@@ -729,7 +735,8 @@ class Replay:
         """Caches synced, then leadership: the ledger seeded, every node and pod looked at once."""
         self.cluster.pending.clear()
         assert self.nodes.sync() and self.pods.sync()
-        self.ledger.seed(self.nodes.snapshot().values(), self.policy)
+        self.ledger.seed(self.nodes.snapshot().values(), self.policy, self.cluster.now)
+        self.breaker.seed(self.nodes.snapshot().values())
         self.node_health.enqueue_all()
         self.pod_health.enqueue_all()
         for node in self.cluster.nodes.values():

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, EvictionRateLimits
+from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, PodIndex
 from webhook.controllers.podhealth import PodHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
@@ -91,8 +91,11 @@ def pod_health(node: dict[str, Any], pod: dict[str, Any]) -> tuple[PodHealth, Ev
     watcher = PodHealth(
         pods=pods,
         nodes=nodes,
+        index=PodIndex(),
+        reports=DeviceReports(),
         namespace_labels=lambda namespace: {},
         breaker=Breaker(NoStore(), lambda: NOW),
+        fleet_size=lambda: 1,
         limits=EvictionRateLimits(clock=lambda: NOW.timestamp()),
         policy=lambda: ENFORCE,
         evictions=evictions,
