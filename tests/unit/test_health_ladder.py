@@ -263,6 +263,19 @@ def test_a_gpu_gone_from_capacity_keeps_the_node_marked() -> None:
     assert plan.record is not None and plan.record.expected == {GPU: 8}
 
 
+def test_a_gpu_a_plugin_restart_stopped_enumerating_is_due_when_its_gap_would_have_been() -> None:
+    # The same failure seen another way: its wait does not start again at the plugin restart.
+    plug = device_plugin(started=later(-3600))
+    facts = node(allocatable=7, record=seen(100, GAP))
+    facts = applied(facts, health.plan_node(facts, [plug], ENFORCE, FREE, NOW))
+    wait = ENFORCE.health.signals.deviceGap.forSeconds
+    restarted = dataclasses.replace(facts, capacity={GPU: 7}, allocatable={GPU: 7})
+    plan = health.plan_node(restarted, [device_plugin(started=later(1))], ENFORCE, FREE, later(wait - 100))
+    (missing,) = plan.assessment.signals
+    assert (missing.key, missing.since) == (MISSING, later(-100))
+    assert ("taint", "do") in actions(plan)
+
+
 def test_expected_devices_reset_with_a_new_node_a_new_layout_or_an_acknowledgement() -> None:
     facts, _ = xid79_then_plugin_restart()
     mig = "nvidia.com/mig-3g.40gb"

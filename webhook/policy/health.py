@@ -656,8 +656,13 @@ def assess(
     found: list[Signal] = []
     suppressed: list[Suppressed] = []
 
-    def signal(key: str, kind: SignalKind, message: str, for_seconds: float, **extra: Any) -> None:
-        found.append(Signal(key, kind, message, for_seconds, record.signals.get(key, now), **extra))
+    def signal(
+        key: str, kind: SignalKind, message: str, for_seconds: float, *, continues: str = "", **extra: Any
+    ) -> None:
+        """A signal timed from its first sighting, or from that of the signal it `continues` (the same
+        failure seen another way), whichever came first."""
+        since = min(record.signals.get(key, now), record.signals.get(continues, now))
+        found.append(Signal(key, kind, message, for_seconds, since, **extra))
 
     plugins = _plugin_pods(pods, policy)
     settled = _settled(plugins, policy, now)
@@ -704,12 +709,14 @@ def assess(
                 )
         for resource, (capacity, expected) in missing_devices(node, record, policy).items():
             # A device gone from capacity does not come back by itself: only a new node, a new layout
-            # or an operator's acknowledgement clears this.
+            # or an operator's acknowledgement clears this. A failed device that a plugin restart stopped
+            # enumerating (8/7 became 7/7) is the same failure: its wait goes on from the gap's sighting.
             signal(
                 f"deviceMissing/{resource}",
                 "deviceMissing",
                 f"{resource}: {expected - capacity} of {expected} expected devices missing (capacity {capacity})",
                 gap_seconds,
+                continues=f"deviceGap/{resource}",
                 resource=resource,
                 devices=expected - capacity,
             )
