@@ -55,11 +55,10 @@ from bench import FLOOR_MISSED
 from webhook.agent.nodeagent import NodeAgent
 from webhook.agent.nodeagent import Options as AgentOptions
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, Ledger, PodIndex
-from webhook.controllers.nodehealth import NodeHealth
-from webhook.controllers.podhealth import PodHealth
+from webhook.controllers.fleet import Breaker
+from webhook.controllers.wiring import HealthControllers
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
-from webhook.kube.informer import Change, Informer, ListPage
+from webhook.kube.informer import Informer, ListPage
 from webhook.kube.queue import WorkQueue
 from webhook.kube.remediation import ConflictError, EvictionOutcome, NotFoundError, StoredState
 from webhook.metrics import Registry
@@ -671,74 +670,44 @@ class Replay:
             _pod_item,
             stop=stop,
         )
-        self.ledger = Ledger()
-        self.index = PodIndex()
-        self.reports = DeviceReports()
-        self.breaker = Breaker(BreakerConfigMap(cluster, lambda: self.breaker), lambda: cluster.now)
-        self.limits = EvictionRateLimits(clock=cluster.monotonic)
-        self.pod_health = PodHealth(
-            pods=self.pods,
+        self.controllers = HealthControllers(
             nodes=self.nodes,
-            index=self.index,
-            reports=self.reports,
+            pods=self.pods,
             namespace_labels=lambda namespace: {},
-            breaker=self.breaker,
-            fleet_size=self.ledger.fleet_size,
-            limits=self.limits,
-            policy=lambda: policy,
-            evictions=EvictionApi(cluster),
-            events=self.events,
-            registry=self.registry,
-            clock=lambda: cluster.now,
-            stop=stop,
-        )
-        self.node_health = NodeHealth(
-            nodes=self.nodes,
-            pods=self.pods,
-            index=self.index,
-            reports=self.reports,
-            ledger=self.ledger,
-            breaker=self.breaker,
             policy=lambda: policy,
             writes=NodeApi(cluster),
+            evictions=EvictionApi(cluster),
+            breaker_store=BreakerConfigMap(cluster, lambda: self.controllers.breaker),
             events=self.events,
             registry=self.registry,
             clock=lambda: cluster.now,
-            on_drain=lambda node: self.pod_health.enqueue(self.index.keys_on(node)),
             stop=stop,
         )
         self.queues = [ClockedQueue(cluster.monotonic), ClockedQueue(cluster.monotonic)]
         for controller, queue in zip(
-            (self.node_health.controller, self.pod_health.controller), self.queues, strict=True
+            (self.controllers.node_health.controller, self.controllers.pod_health.controller),
+            self.queues,
+            strict=True,
         ):
             # The same queue, on the fake clock: requeue_after and backoff come due as the day advances.
             controller.queue = queue
         series.register(
             self.registry,
             node_health=list,
-            breaker_open=lambda: self.breaker.state.open,
-            held_nodes=lambda: len(self.ledger.held()),
+            breaker_open=lambda: self.controllers.breaker.state.open,
+            held_nodes=lambda: len(self.controllers.ledger.held()),
             queue_depths=list,
             leader=lambda: True,
         )
-        self.nodes.on_change(self.node_health.node_changed)
-        self.pods.on_change(self._pod_changed)
         self.agents: dict[str, NodeAgent] = {}
         self.agent_watch: dict[str, int] = {}  # node -> until when its agent polls
-
-    def _pod_changed(self, change: Change[PodFacts]) -> None:
-        self.reports.observe(change)
-        self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
-        self.pod_health.pod_changed(change)
 
     def start(self) -> None:
         """Caches synced, then leadership: the ledger seeded, every node and pod looked at once."""
         self.cluster.pending.clear()
         assert self.nodes.sync() and self.pods.sync()
-        self.ledger.seed(self.nodes.snapshot().values(), self.policy, self.cluster.now)
-        self.breaker.seed(self.nodes.snapshot().values())
-        self.node_health.enqueue_all()
-        self.pod_health.enqueue_all()
+        self.controllers.seed(self.nodes.snapshot().values(), self.policy, self.cluster.now)
+        self.controllers.enqueue_all()
         for node in self.cluster.nodes.values():
             self.watch_devices(node)  # every agent's first poll: what its node offers before the day
         self.poll_agents()
@@ -755,7 +724,10 @@ class Replay:
         """Works both queues and delivers what their writes changed, until neither has a key due now."""
         while True:
             worked = self.deliver()
-            for controller in (self.node_health.controller, self.pod_health.controller):
+            for controller in (
+                self.controllers.node_health.controller,
+                self.controllers.pod_health.controller,
+            ):
                 while controller.process_next(0):
                     worked = True
                     self.deliver()
@@ -811,11 +783,17 @@ class Replay:
     def memory(self) -> dict[str, int]:
         """Bytes held by the ledger, the breaker, and whatever else the controllers keep (the pod
         index, the rate limits, the maps either controller holds itself), the caches not counted."""
-        shared = (self.ledger, self.breaker, self.nodes, self.pods, self.events)
-        own = (self.index, self.limits, vars(self.pod_health), vars(self.node_health))
+        controllers = self.controllers
+        shared = (controllers.ledger, controllers.breaker, self.nodes, self.pods, self.events)
+        own = (
+            controllers.index,
+            controllers.limits,
+            vars(controllers.pod_health),
+            vars(controllers.node_health),
+        )
         return {
-            "ledger": deep_size(self.ledger),
-            "breaker": deep_size(self.breaker),
+            "ledger": deep_size(controllers.ledger),
+            "breaker": deep_size(controllers.breaker),
             "per-object maps": deep_size(own, exclude=shared),
         }
 
@@ -1351,7 +1329,7 @@ def ordinary_day(nodes: int, seed: int, *, failures: bool) -> Outcome:
         missed,
         times,
         sum(1 for w in writes if w.kind == "evict"),
-        breaker_state(day.replay.breaker),
+        breaker_state(day.replay.controllers.breaker),
         day.over_budget,
         memory,
         [],
@@ -1411,8 +1389,8 @@ def bad_driver_wave(nodes: int, seed: int) -> Outcome:
     duration = 60 + round(len(wave) * stagger) + policy.health.signals.devicePlugin.notReadyForSeconds + 600
     memory = day.run(duration)
     # What became due, as the breaker's own log has it (a node by name and uid, replaced ones included).
-    due_at = sorted(day.replay.breaker.logged().values())
-    state = day.replay.breaker.state
+    due_at = sorted(day.replay.controllers.breaker.logged().values())
+    state = day.replay.controllers.breaker.state
     if state.open and state.opened_at is not None:
         window = datetime.timedelta(seconds=breaker.windowSeconds)
         due = sum(1 for moment in due_at if state.opened_at - window <= moment <= state.opened_at)

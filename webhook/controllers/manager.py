@@ -22,21 +22,13 @@ from typing import Any, Protocol
 
 from webhook import probes
 from webhook.controllers import series
-from webhook.controllers.fleet import (
-    DUE_LOG_WRITE_SECONDS,
-    Breaker,
-    DeviceReports,
-    EvictionRateLimits,
-    Ledger,
-    PodIndex,
-    disrupts,
-)
-from webhook.controllers.nodehealth import NodeHealth, announce
-from webhook.controllers.podhealth import PodHealth
+from webhook.controllers.fleet import DUE_LOG_WRITE_SECONDS, disrupts
+from webhook.controllers.nodehealth import announce
+from webhook.controllers.wiring import HealthControllers
 from webhook.kube import facts, remediation
 from webhook.kube.client import ApiClient, api_client, metadata_of
 from webhook.kube.events import EventRecorder, ObjectRef, api_sender
-from webhook.kube.informer import Change, Informer
+from webhook.kube.informer import Informer
 from webhook.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector, LeaseStore
 from webhook.kube.policy_source import PolicyConfigMap
 from webhook.metrics import LabelValues, Registry
@@ -131,48 +123,22 @@ class ControllerManager:
             stop=stop,
         )
         self.informers: list[Informer[Any]] = [self.nodes, self.pods, self.namespaces, self.state]
-        self.ledger = Ledger()
-        self.index = PodIndex()
-        self.reports = DeviceReports()
         # Every write of the controllers checks, just before it goes, that this replica renewed the Lease
         # within the renew deadline: a leader paused past its lease never writes beside the new one.
         fence = remediation.Fence(lambda: self.elector.write_window())
-        self.breaker = Breaker(
-            remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP, fence), _now
-        )
-        self.pod_health = PodHealth(
-            pods=self.pods,
+        self.controllers = HealthControllers(
             nodes=self.nodes,
-            index=self.index,
-            reports=self.reports,
+            pods=self.pods,
             namespace_labels=self._namespace_labels,
-            breaker=self.breaker,
-            fleet_size=self.ledger.fleet_size,
-            limits=EvictionRateLimits(clock=lambda: _now().timestamp()),
-            policy=lambda: self.store.policy,
-            evictions=remediation.Evictor(api, fence),
-            events=self.events,
-            registry=self.registry,
-            clock=_now,
-            stop=stop,
-        )
-        self.node_health = NodeHealth(
-            nodes=self.nodes,
-            pods=self.pods,
-            index=self.index,
-            reports=self.reports,
-            ledger=self.ledger,
-            breaker=self.breaker,
             policy=lambda: self.store.policy,
             writes=remediation.NodeWriter(api, fence),
+            evictions=remediation.Evictor(api, fence),
+            breaker_store=remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP, fence),
             events=self.events,
             registry=self.registry,
             clock=_now,
-            on_drain=lambda node: self.pod_health.enqueue(self.index.keys_on(node)),
             stop=stop,
         )
-        self.nodes.on_change(self.node_health.node_changed)
-        self.pods.on_change(self._pod_changed)
         self.state.on_snapshot(self._state_changed)
         self.runnables = [build(api, lambda: self.store.policy, stop) for build in leader_runnables]
         self.probes = probes.Probes(detail=self._detail, metrics=self._metrics, status=self._status)
@@ -192,11 +158,11 @@ class ControllerManager:
         series.register(
             self.registry,
             node_health=self._node_states,
-            breaker_open=lambda: self.breaker.state.open,
-            held_nodes=lambda: len(self.ledger.held()),
+            breaker_open=lambda: self.controllers.breaker.state.open,
+            held_nodes=lambda: len(self.controllers.ledger.held()),
             queue_depths=lambda: [
-                ("node-health", len(self.node_health.controller.queue)),
-                ("pod-health", len(self.pod_health.controller.queue)),
+                ("node-health", len(self.controllers.node_health.controller.queue)),
+                ("pod-health", len(self.controllers.pod_health.controller.queue)),
             ],
             leader=lambda: self.elector.leading,
         )
@@ -237,42 +203,35 @@ class ControllerManager:
     def _policy_loaded(self, policy: Policy) -> None:
         """Another policy may select other nodes, pools or modes: decide on everything again."""
         for node in self.nodes.snapshot().values():
-            self.ledger.classify(node, policy)
+            self.controllers.ledger.classify(node, policy)
         if self.elector.leading:
             # First the breaker: a trip said in audit holds once a disruptive action is enforced,
             # before any worker acts under the new policy.
             self._evaluate_breaker(policy)
-            self.node_health.enqueue_all()
-            self.pod_health.enqueue_all()
+            self.controllers.enqueue_all()
             for runnable in self.runnables:
                 runnable.policy_changed()
 
     def _metrics(self) -> str:
         return self.registry.render() + "".join(runnable.metrics.render() for runnable in self.runnables)
 
-    def _pod_changed(self, change: Change[PodFacts]) -> None:
-        # Remembered before either controller is enqueued: neither decides on a status not yet counted.
-        self.reports.observe(change)
-        self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
-        self.pod_health.pod_changed(change)
-
     def _state_changed(self, snapshot: Mapping[Hashable, dict[str, str]] | None) -> None:
         if snapshot is None:
             return  # unreadable for now: keep the breaker as it was
-        closed = self.breaker.observe(snapshot.get(STATE_CONFIGMAP))
+        closed = self.controllers.breaker.observe(snapshot.get(STATE_CONFIGMAP))
         if not self.elector.leading:
             return
         self._persist_breaker()
         if closed:
-            state = self.breaker.state
+            state = self.controllers.breaker.state
             note = f"circuit breaker closed by {state.closed_by or 'an operator'}; remediation resumes"
             log.warning(note)
             self.events.record(
                 self._state_ref(), "CircuitBreakerClosed", note, action="CloseCircuitBreaker", warning=False
             )
-            for name in self.ledger.held():
-                self.node_health.controller.enqueue(name)
-            self.pod_health.enqueue_all()
+            for name in self.controllers.ledger.held():
+                self.controllers.node_health.controller.enqueue(name)
+            self.controllers.pod_health.enqueue_all()
 
     def _state_ref(self) -> ObjectRef:
         return ObjectRef("v1", "ConfigMap", self.options.namespace, STATE_CONFIGMAP)
@@ -281,13 +240,15 @@ class ControllerManager:
         """The leader writes the close time it gave a close that carried none, or the open state a
         ConfigMap lost; a failure is tried again on the next change or leadership."""
         try:
-            self.breaker.persist(self.store.policy)
+            self.controllers.breaker.persist(self.store.policy)
         except Exception as exc:
             log.warning("could not write the circuit breaker's state: %s", exc)
 
     def _evaluate_breaker(self, policy: Policy) -> None:
         try:
-            trip = self.breaker.evaluate(policy, self.ledger.fleet_size(), enforced=disrupts(policy))
+            trip = self.controllers.breaker.evaluate(
+                policy, self.controllers.ledger.fleet_size(), enforced=disrupts(policy)
+            )
         except Exception as exc:  # the due nodes' reconciles decide it again
             log.warning("could not decide on the circuit breaker: %s", exc)
             return
@@ -298,7 +259,7 @@ class ControllerManager:
         """The leader writes the breaker's log as it grows, so a new leader counts what this one saw."""
         while not self.stop.wait(DUE_LOG_WRITE_SECONDS):
             try:
-                self.breaker.flush(self.store.policy)
+                self.controllers.breaker.flush(self.store.policy)
             except Exception as exc:
                 log.warning("could not write the circuit breaker's log: %s", exc)
 
@@ -309,13 +270,13 @@ class ControllerManager:
         return all(informer.has_synced() or not informer.served for informer in self.informers)
 
     def _node_states(self) -> list[LabelValues]:
-        return [(node, pool, state) for node, pool, state in self.ledger.states()]
+        return [(node, pool, state) for node, pool, state in self.controllers.ledger.states()]
 
     def _detail(self) -> str:
         return f"{'leader' if self.elector.leading else 'standby'} policy={self.store.policy.hash}"
 
     def _status(self) -> dict[str, object]:
-        breaker = self.breaker.state
+        breaker = self.controllers.breaker.state
         return {
             **self.store.status().as_json(),
             "enabled": self.store.policy.enabled and self.store.policy.health.enabled,
@@ -323,8 +284,8 @@ class ControllerManager:
             "role": "leader" if self.elector.leading else "standby",
             "identity": self.elector.identity,
             "leader": self.elector.holder,
-            "breaker": {**breaker.to_data(), "wouldOpen": self.breaker.would_open},
-            "heldNodes": self.ledger.held(),
+            "breaker": {**breaker.to_data(), "wouldOpen": self.controllers.breaker.would_open},
+            "heldNodes": self.controllers.ledger.held(),
         }
 
     # --- leadership ----------------------------------------------------------------------------------
@@ -333,14 +294,12 @@ class ControllerManager:
         policy = self.store.policy
         # The records the nodes carry count against budgets and for the breaker before the first decision.
         nodes = self.nodes.snapshot().values()
-        self.ledger.seed(nodes, policy, _now())
-        self.breaker.seed(nodes)
+        self.controllers.seed(nodes, policy, _now())
         self._persist_breaker()
         threading.Thread(target=self._write_due_log, name="breaker-log", daemon=True).start()
-        self.node_health.controller.start()
-        self.pod_health.controller.start()
-        self.node_health.enqueue_all()
-        self.pod_health.enqueue_all()
+        self.controllers.node_health.controller.start()
+        self.controllers.pod_health.controller.start()
+        self.controllers.enqueue_all()
         for runnable in self.runnables:
             runnable.start()
 
@@ -366,8 +325,8 @@ class ControllerManager:
     def shutdown(self) -> None:
         """Stops the controllers (a reconcile in flight finishes), then gives up the Lease."""
         self.stop.set()
-        self.node_health.controller.shutdown()
-        self.pod_health.controller.shutdown()
+        self.controllers.node_health.controller.shutdown()
+        self.controllers.pod_health.controller.shutdown()
         for runnable in self.runnables:
             runnable.shutdown()  # a finished run is kept; one never started has nothing to stop
         if not self.lost_lease:

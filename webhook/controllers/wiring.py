@@ -1,0 +1,94 @@
+"""The node health controller and the pod device-health watcher, wired to each other and to the state
+they share (ledger, pod index, device reports, breaker, eviction rate limits) from their seams.
+
+The one place they are built: `gpuguard controllers` passes the API's informers and writers, the fleet-day
+bench its simulated cluster, the tests their fakes; a new argument of either controller is added here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable, Iterable, Mapping
+
+from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, Ledger, PodIndex, StateStore
+from webhook.controllers.nodehealth import NodeHealth, NodeWrites
+from webhook.controllers.podhealth import Evictions, PodHealth
+from webhook.kube.events import EventRecorder
+from webhook.kube.informer import Change, Informer
+from webhook.metrics import Registry
+from webhook.policy.health import NodeFacts, PodFacts
+from webhook.policy.model import Policy
+
+
+class HealthControllers:
+    def __init__(
+        self,
+        *,
+        nodes: Informer[NodeFacts],
+        pods: Informer[PodFacts],
+        namespace_labels: Callable[[str], Mapping[str, str] | None],
+        policy: Callable[[], Policy],
+        writes: NodeWrites,
+        evictions: Evictions,
+        breaker_store: StateStore,
+        events: EventRecorder,
+        registry: Registry,
+        clock: Callable[[], datetime.datetime],
+        stop: threading.Event,
+    ) -> None:
+        self.ledger = Ledger()
+        self.index = PodIndex()
+        self.reports = DeviceReports()
+        self.breaker = Breaker(breaker_store, clock)
+        self.limits = EvictionRateLimits(clock=lambda: clock().timestamp())
+        self.pod_health = PodHealth(
+            pods=pods,
+            nodes=nodes,
+            index=self.index,
+            reports=self.reports,
+            namespace_labels=namespace_labels,
+            breaker=self.breaker,
+            fleet_size=self.ledger.fleet_size,
+            limits=self.limits,
+            policy=policy,
+            evictions=evictions,
+            events=events,
+            registry=registry,
+            clock=clock,
+            stop=stop,
+        )
+        self.node_health = NodeHealth(
+            nodes=nodes,
+            pods=pods,
+            index=self.index,
+            reports=self.reports,
+            ledger=self.ledger,
+            breaker=self.breaker,
+            policy=policy,
+            writes=writes,
+            events=events,
+            registry=registry,
+            clock=clock,
+            on_drain=lambda node: self.pod_health.enqueue(self.index.keys_on(node)),
+            stop=stop,
+        )
+        nodes.on_change(self.node_health.node_changed)
+        pods.on_change(self.pod_changed)
+
+    def pod_changed(self, change: Change[PodFacts]) -> None:
+        # Remembered before either controller is enqueued: neither decides on a status not yet counted.
+        self.reports.observe(change)
+        self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
+        self.pod_health.pod_changed(change)
+
+    def seed(self, nodes: Iterable[NodeFacts], policy: Policy, now: datetime.datetime) -> None:
+        """The records the nodes carry count against budgets and for the breaker before a new leader's
+        first decision."""
+        nodes = list(nodes)
+        self.ledger.seed(nodes, policy, now)
+        self.breaker.seed(nodes)
+
+    def enqueue_all(self) -> None:
+        self.node_health.enqueue_all()
+        self.pod_health.enqueue_all()
