@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import threading
 from typing import Any
 
-from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, Ledger, PodIndex
-from webhook.controllers.nodehealth import NodeHealth
-from webhook.controllers.podhealth import PodHealth
-from webhook.kube.events import EventRecorder
-from webhook.kube.informer import Change, Informer
-from webhook.kube.remediation import EvictionOutcome
+from webhook.controllers.fleet import DeviceReports
+from webhook.kube.informer import Change
 from webhook.policy import health
-from webhook.policy.health import NodeFacts, PodFacts
+from webhook.policy.health import PodFacts
 from webhook.policy.model import Policy
 
 from .builders import make_policy
 from .test_health import raw_device_plugin, raw_node, raw_pod
-from .test_nodehealth import Listed, NoStore, RecordedWrites, _registry
+from .wired import NOW, Wired
 
-NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 CLAIM = "claim:gpu/req"
 DEVICE = "k8s.gpu.nvidia.com/claim=uid-gpu-0"
 POLICY = make_policy(
@@ -48,125 +42,55 @@ def facts(raw: dict[str, Any]) -> PodFacts:
     return converted
 
 
-class Recorded:
-    def __init__(self) -> None:
-        self.evicted: list[str] = []
-
-    def evict(self, namespace: str, name: str, uid: str) -> EvictionOutcome:
-        self.evicted.append(f"{namespace}/{name}")
-        return EvictionOutcome("evicted")
+def one_node_with(*pods: dict[str, Any], policy: Policy = POLICY) -> Wired:
+    """One node, gpu-1, and the given pods, both controllers wired as `gpuguard controllers` wires them."""
+    return Wired(policy, [raw_node("gpu-1")], pods)
 
 
-class World:
-    """The pod and node informers over listed objects, wired as `gpuguard controllers` wires them."""
-
-    def __init__(self, *pods: dict[str, Any], policy: Policy = POLICY) -> None:
-        self.stop = threading.Event()
-        self.clock = [NOW]
-        self.nodes: Informer[NodeFacts] = Informer(
-            "nodes",
-            Listed(raw_node("gpu-1")),
-            lambda r: (f.name, f) if (f := health.node_facts(r)) else None,
-            stop=self.stop,
-        )
-        self.pods: Informer[PodFacts] = Informer(
-            "pods",
-            Listed(*pods),
-            lambda r: (f.key, f) if (f := health.pod_facts(r)) else None,
-            stop=self.stop,
-        )
-        for informer in (self.nodes, self.pods):
-            assert informer.sync()
-        self.index = PodIndex()
-        self.reports = DeviceReports()
-        for key, pod in self.pods.snapshot().items():
-            self.index.changed(str(key), pod)
-        self.evictions = Recorded()
-        self.events = EventRecorder(lambda namespace, body: None, stop=self.stop)
-        self.breaker = Breaker(NoStore(), lambda: self.clock[0])
-        self.pod_health = PodHealth(
-            pods=self.pods,
-            nodes=self.nodes,
-            index=self.index,
-            reports=self.reports,
-            namespace_labels=lambda namespace: {},
-            breaker=self.breaker,
-            fleet_size=lambda: 1,
-            limits=EvictionRateLimits(clock=lambda: self.clock[0].timestamp()),
-            policy=lambda: policy,
-            evictions=self.evictions,
-            events=self.events,
-            registry=_registry(),
-            clock=lambda: self.clock[0],
-            stop=self.stop,
-        )
-        self.writes = RecordedWrites()
-        ledger = Ledger()
-        for node in self.nodes.snapshot().values():
-            ledger.classify(node, policy)
-        self.node_health = NodeHealth(
-            nodes=self.nodes,
-            pods=self.pods,
-            index=self.index,
-            reports=self.reports,
-            ledger=ledger,
-            breaker=self.breaker,
-            policy=lambda: policy,
-            writes=self.writes,
-            events=self.events,
-            registry=_registry(),
-            clock=lambda: self.clock[0],
-            on_drain=lambda node: None,
-            stop=self.stop,
-        )
-
-    def earlier(self, raw: dict[str, Any]) -> None:
-        """A status the watch delivered before the one now cached (what the manager feeds the memory)."""
-        self.reports.observe(Change(facts(raw).key, None, facts(raw)))
-
-    def at(self, seconds: float) -> None:
-        self.clock[0] = NOW + datetime.timedelta(seconds=seconds)
+def earlier(world: Wired, raw: dict[str, Any]) -> None:
+    """A status the watch delivered before the one now cached (what the manager feeds the memory)."""
+    world.controllers.reports.observe(Change(facts(raw).key, None, facts(raw)))
 
 
 def test_a_dra_device_unknown_from_the_start_is_never_evicted() -> None:
-    world = World(dra_pod("Unknown"), driver())
+    world = one_node_with(dra_pod("Unknown"), driver())
     for seconds in (0, 301, 3600):
         world.at(seconds)
         assert world.pod_health.reconcile("ml/trainer").requeue_after is None
-    assert world.evictions.evicted == []
+    assert world.evictions.sent == []
 
 
 def test_unknown_after_healthy_evicts_once_it_persisted_while_the_driver_runs() -> None:
-    world = World(dra_pod("Unknown"), driver())
-    world.earlier(dra_pod("Healthy"))
+    world = one_node_with(dra_pod("Unknown"), driver())
+    earlier(world, dra_pod("Healthy"))
     first = world.pod_health.reconcile("ml/trainer")
-    assert first.requeue_after == 300 and world.evictions.evicted == []
+    assert first.requeue_after == 300 and world.evictions.sent == []
     world.at(300)
     world.pod_health.reconcile("ml/trainer")
-    assert world.evictions.evicted == ["ml/trainer"]
+    assert world.evictions.sent == [("ml", "trainer")]
 
 
 def test_unknown_after_healthy_while_the_driver_restarts_waits_for_it() -> None:
     restarting = driver()
     restarting["status"]["conditions"][0]["status"] = "False"
-    world = World(dra_pod("Unknown"), restarting)
-    world.earlier(dra_pod("Healthy"))
+    world = one_node_with(dra_pod("Unknown"), restarting)
+    earlier(world, dra_pod("Healthy"))
     for seconds in (0, 3600):
         world.at(seconds)
         world.pod_health.reconcile("ml/trainer")
-    assert world.evictions.evicted == []
+    assert world.evictions.sent == []
 
 
 def test_the_node_controller_reads_the_same_memory() -> None:
     immediate = make_policy(
         {"health": {"mode": "enforce", "signals": {"podDeviceHealth": {"unknownForSeconds": 0}}}}
     )
-    never = World(dra_pod("Unknown"), driver(), policy=immediate)
+    never = one_node_with(dra_pod("Unknown"), driver(), policy=immediate)
     never.node_health.reconcile("gpu-1")
     assert never.writes.calls == []
 
-    known = World(dra_pod("Unknown"), driver(), policy=immediate)
-    known.earlier(dra_pod("Healthy"))
+    known = one_node_with(dra_pod("Unknown"), driver(), policy=immediate)
+    earlier(known, dra_pod("Healthy"))
     known.node_health.reconcile("gpu-1")
     (kind, status), *_ = known.writes.calls
     (condition,) = status["status"]["conditions"]

@@ -5,24 +5,16 @@ pod-level evictions."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import threading
 from typing import Any
 
-from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, PodIndex
-from webhook.controllers.podhealth import PodHealth
-from webhook.kube.events import EventRecorder
-from webhook.kube.informer import Informer
-from webhook.kube.remediation import EvictionOutcome, EvictionResult
 from webhook.policy import health
-from webhook.policy.health import HELD_RECHECK_SECONDS, NodeFacts, NodeRecord, PodFacts
+from webhook.policy.health import HELD_RECHECK_SECONDS, NodeRecord
 from webhook.policy.model import Policy
 
 from .builders import make_policy
 from .test_health import raw_node, raw_pod
-from .test_nodehealth import Listed, NoStore, _registry
+from .wired import NOW, RecordedEvictions, Wired
 
-NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 UNHEALTHY = [("GPU-1", "Unhealthy")]
 
 
@@ -30,87 +22,26 @@ def enforcing(**section: Any) -> Policy:
     return make_policy({"health": {"mode": "enforce", **section}})
 
 
-class RecordedEvictions:
-    def __init__(self, result: EvictionResult = "evicted") -> None:
-        self.result = result
-        self.sent: list[tuple[str, str]] = []
-
-    def evict(self, namespace: str, name: str, uid: str) -> EvictionOutcome:
-        self.sent.append((namespace, name))
-        return EvictionOutcome(self.result, "" if self.result == "evicted" else "would violate the budget")
-
-
-class Watcher:
-    def __init__(
-        self,
-        policy: Policy,
-        nodes: list[dict[str, Any]],
-        pods: list[dict[str, Any]],
-        *,
-        fleet: int = 10,
-        evictions: RecordedEvictions | None = None,
-    ) -> None:
-        stop = threading.Event()
-        self.node_informer: Informer[NodeFacts] = Informer(
-            "nodes",
-            Listed(*nodes),
-            lambda raw: (f.name, f) if (f := health.node_facts(raw)) else None,
-            stop=stop,
-        )
-        self.pod_informer: Informer[PodFacts] = Informer(
-            "pods", Listed(*pods), lambda raw: (f.key, f) if (f := health.pod_facts(raw)) else None, stop=stop
-        )
-        for informer in (self.node_informer, self.pod_informer):
-            assert informer.sync()
-        self.sent: list[dict[str, Any]] = []
-        self.events = EventRecorder(lambda namespace, body: self.sent.append(body), stop=stop)
-        self.breaker = Breaker(NoStore(), lambda: NOW)
-        self.limits = EvictionRateLimits(lambda: NOW.timestamp())
-        self.evictions = evictions or RecordedEvictions()
-        self.watcher = PodHealth(
-            pods=self.pod_informer,
-            nodes=self.node_informer,
-            index=PodIndex(),
-            reports=DeviceReports(),
-            namespace_labels=lambda namespace: {},
-            breaker=self.breaker,
-            fleet_size=lambda: fleet,
-            limits=self.limits,
-            policy=lambda: policy,
-            evictions=self.evictions,
-            events=self.events,
-            registry=_registry(),
-            clock=lambda: NOW,
-            stop=stop,
-        )
-
-    def reasons(self) -> list[str]:
-        self.events.stop.set()
-        self.events.start()
-        self.events.thread.join(timeout=5)
-        return [body["reason"] for body in self.sent]
-
-
 def test_pods_of_nodes_outside_the_node_selector_are_not_evicted_nor_spoken_of() -> None:
     # The review's reproducer: a pilot on one pool, evictions enforced, a pod elsewhere reports a
     # failed device.
     pilot = enforcing(nodeSelector={"matchLabels": {"gpuguard-pilot": "true"}})
-    outside = Watcher(pilot, [raw_node("gpu-9")], [raw_pod(node_name="gpu-9", devices=UNHEALTHY)])
-    result = outside.watcher.reconcile("ml/trainer")
+    outside = Wired(pilot, [raw_node("gpu-9")], [raw_pod(node_name="gpu-9", devices=UNHEALTHY)])
+    result = outside.pod_health.reconcile("ml/trainer")
     assert outside.evictions.sent == [] and outside.reasons() == []
     assert result.requeue_after == HELD_RECHECK_SECONDS  # it may be relabelled into the pilot
-    inside = Watcher(
+    inside = Wired(
         pilot,
         [raw_node("gpu-9", labels={"gpuguard-pilot": "true"})],
         [raw_pod(node_name="gpu-9", devices=UNHEALTHY)],
     )
-    inside.watcher.reconcile("ml/trainer")
+    inside.pod_health.reconcile("ml/trainer")
     assert inside.evictions.sent == [("ml", "trainer")]
 
 
 def test_pods_of_a_node_the_cache_does_not_know_are_held() -> None:
-    unknown = Watcher(enforcing(), [], [raw_pod(node_name="gpu-new", devices=UNHEALTHY)])
-    assert unknown.watcher.reconcile("ml/trainer").requeue_after == HELD_RECHECK_SECONDS
+    unknown = Wired(enforcing(), [], [raw_pod(node_name="gpu-new", devices=UNHEALTHY)])
+    assert unknown.pod_health.reconcile("ml/trainer").requeue_after == HELD_RECHECK_SECONDS
     assert unknown.evictions.sent == [] and unknown.reasons() == ["EvictionHeld"]
     assert unknown.breaker.logged() == {}
 
@@ -118,8 +49,8 @@ def test_pods_of_a_node_the_cache_does_not_know_are_held() -> None:
 def test_pods_of_an_excluded_or_paused_node_are_held_and_do_not_count_for_the_breaker() -> None:
     excluded = raw_node("gpu-1", labels={health.EXCLUDE_LABEL: "true"})
     for policy, node in ((enforcing(), excluded), (enforcing(paused=True), raw_node("gpu-1"))):
-        watcher = Watcher(policy, [node], [raw_pod(devices=UNHEALTHY)])
-        watcher.watcher.reconcile("ml/trainer")
+        watcher = Wired(policy, [node], [raw_pod(devices=UNHEALTHY)])
+        watcher.pod_health.reconcile("ml/trainer")
         assert watcher.evictions.sent == [] and watcher.reasons() == ["EvictionHeld"]
         assert watcher.breaker.logged() == {}
 
@@ -132,13 +63,13 @@ def test_pod_level_evictions_count_their_nodes_for_the_breaker_once_per_node() -
         raw_pod("c", node_name="gpu-1", devices=UNHEALTHY),
         raw_pod("d", node_name="gpu-2", devices=UNHEALTHY),
     ]
-    watcher = Watcher(enforcing(circuitBreaker={"maxNodes": 2}), nodes, pods)
+    watcher = Wired(enforcing(circuitBreaker={"maxNodes": 2}), nodes, pods)
     for key in ("ml/a", "ml/b", "ml/c"):
-        watcher.watcher.reconcile(key)
+        watcher.pod_health.reconcile(key)
     assert watcher.evictions.sent == [("ml", "a"), ("ml", "b"), ("ml", "c")]
     assert not watcher.breaker.state.open  # two nodes, however many pods
     # A third node's pod goes bad: a fleet-wide signal, the breaker opens and the pod is held.
-    assert watcher.watcher.reconcile("ml/d").requeue_after == HELD_RECHECK_SECONDS
+    assert watcher.pod_health.reconcile("ml/d").requeue_after == HELD_RECHECK_SECONDS
     assert watcher.breaker.state.open and ("ml", "d") not in watcher.evictions.sent
     assert watcher.reasons()[-2:] == ["CircuitBreakerOpened", "EvictionHeld"]
 
@@ -149,9 +80,9 @@ def test_evictions_said_in_audit_open_the_breaker_only_as_would_and_hold_nothing
         raw_pod("a", node_name="gpu-0", devices=UNHEALTHY),
         raw_pod("b", node_name="gpu-1", devices=UNHEALTHY),
     ]
-    watcher = Watcher(make_policy({"health": {"circuitBreaker": {"maxNodes": 1}}}), nodes, pods)
+    watcher = Wired(make_policy({"health": {"circuitBreaker": {"maxNodes": 1}}}), nodes, pods)
     for key in ("ml/a", "ml/b"):
-        watcher.watcher.reconcile(key)
+        watcher.pod_health.reconcile(key)
     assert not watcher.breaker.state.open and watcher.breaker.would_open
     assert watcher.reasons() == ["WouldEvictPod", "WouldOpenCircuitBreaker", "WouldEvictPod"]
 
@@ -159,13 +90,13 @@ def test_evictions_said_in_audit_open_the_breaker_only_as_would_and_hold_nothing
 def test_a_refused_eviction_gives_its_rate_limit_slot_back() -> None:
     policy = enforcing(eviction={"perNodePerMinute": 1})
     pods = [raw_pod("a", devices=UNHEALTHY), raw_pod("b", devices=UNHEALTHY)]
-    watcher = Watcher(policy, [raw_node("gpu-1")], pods, evictions=RecordedEvictions("blocked"))
-    watcher.watcher.reconcile("ml/a")
+    watcher = Wired(policy, [raw_node("gpu-1")], pods, evictions=RecordedEvictions("blocked"))
+    watcher.pod_health.reconcile("ml/a")
     watcher.evictions.result = "evicted"
-    watcher.watcher.reconcile("ml/b")
+    watcher.pod_health.reconcile("ml/b")
     assert watcher.evictions.sent == [("ml", "a"), ("ml", "b")]
     # That one happened: the node's minute is spent.
-    assert watcher.limits.reserve("gpu-1", "other", policy) > 0
+    assert watcher.controllers.limits.reserve("gpu-1", "other", policy) > 0
 
 
 def test_a_drain_recorded_without_its_cordon_evicts_nothing() -> None:
@@ -175,7 +106,7 @@ def test_a_drain_recorded_without_its_cordon_evicts_nothing() -> None:
     done = dataclasses.replace(said, cordoned=True)
     evicted = []
     for record in (said, done):
-        watcher = Watcher(enforcing(), [raw_node("gpu-1", record=record)], [raw_pod()])
-        watcher.watcher.reconcile("ml/trainer")
+        watcher = Wired(enforcing(), [raw_node("gpu-1", record=record)], [raw_pod()])
+        watcher.pod_health.reconcile("ml/trainer")
         evicted.append(watcher.evictions.sent)
     assert evicted == [[], [("ml", "trainer")]]

@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import datetime
 import re
-import threading
 from typing import Any
 
 import pytest
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, PodIndex
-from webhook.controllers.podhealth import PodHealth
-from webhook.kube.events import EventRecorder
-from webhook.kube.informer import Informer
-from webhook.kube.remediation import ConflictError, EvictionOutcome
+from webhook.kube.remediation import ConflictError
 from webhook.metrics import Registry
-from webhook.policy import health
-from webhook.policy.health import NodeFacts, NodeRecord, PodFacts
+from webhook.policy.health import NodeRecord
 
 from .test_health import GPU, raw_node, raw_pod
-from .test_nodehealth import ENFORCE, NOW, Listed, NoStore, _registry, controller
+from .test_nodehealth import ENFORCE
+from .wired import NOW, Wired
 
 FIRST_SIGHT = NOW - datetime.timedelta(seconds=700)
 GAP = f"deviceGap/{GPU}"
@@ -39,72 +34,34 @@ def observed(registry: Registry) -> dict[str, tuple[int, float]]:
 
 def test_condition_and_taint_are_timed_from_the_first_sight_of_the_signal() -> None:
     seen = NodeRecord(signals={GAP: FIRST_SIGHT})
-    loop, _, _, _ = controller(ENFORCE, raw_node("gpu-1", allocatable=7, record=seen))
-    loop.reconcile("gpu-1")
-    assert observed(loop.registry) == {"condition": (1, 700.0), "taint": (1, 700.0)}
+    wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7, record=seen)])
+    wired.node_health.reconcile("gpu-1")
+    assert observed(wired.registry) == {"condition": (1, 700.0), "taint": (1, 700.0)}
     # Buckets fit minutes and hours, not the reconcile's milliseconds.
-    assert f'{series.TIME_TO_ACT}_bucket{{step="taint",le="900.0"}} 1' in loop.registry.render()
-    assert f'{series.TIME_TO_ACT}_bucket{{step="taint",le="600.0"}} 0' in loop.registry.render()
+    assert f'{series.TIME_TO_ACT}_bucket{{step="taint",le="900.0"}} 1' in wired.registry.render()
+    assert f'{series.TIME_TO_ACT}_bucket{{step="taint",le="600.0"}} 0' in wired.registry.render()
 
 
 def test_a_node_with_nothing_left_to_drain_is_timed_as_drained_once() -> None:
     # Every device gone and no pod on the node: the drain is done as soon as it starts.
     seen = NodeRecord(signals={GAP: FIRST_SIGHT})
-    loop, writes, _, _ = controller(ENFORCE, raw_node("gpu-1", allocatable=0, record=seen))
-    loop.reconcile("gpu-1")
-    assert observed(loop.registry)["drained"] == (1, 700.0)
-    (_, status), _ = writes.calls
+    wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=0, record=seen)])
+    wired.node_health.reconcile("gpu-1")
+    assert observed(wired.registry)["drained"] == (1, 700.0)
+    (_, status), _ = wired.writes.calls
     assert status["status"]["conditions"][0]["reason"] == "Drained"
 
 
 def test_a_step_already_on_the_node_or_refused_is_not_timed() -> None:
     seen = NodeRecord(signals={GAP: FIRST_SIGHT})
-    loop, writes, _, _ = controller(ENFORCE, raw_node("gpu-1", allocatable=7, record=seen))
+    wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7, record=seen)])
 
     def conflict(name: str, patch: dict[str, Any]) -> dict[str, Any]:
         raise ConflictError("the node changed")
 
-    writes.patch_status = conflict  # type: ignore[method-assign]
-    loop.reconcile("gpu-1")
-    assert observed(loop.registry) == {}
-
-
-class Evicted:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def evict(self, namespace: str, name: str, uid: str) -> EvictionOutcome:
-        self.calls.append((namespace, name))
-        return EvictionOutcome("evicted")
-
-
-def pod_health(node: dict[str, Any], pod: dict[str, Any]) -> tuple[PodHealth, Evicted]:
-    stop = threading.Event()
-    nodes: Informer[NodeFacts] = Informer(
-        "nodes", Listed(node), lambda raw: (f.name, f) if (f := health.node_facts(raw)) else None, stop=stop
-    )
-    pods: Informer[PodFacts] = Informer(
-        "pods", Listed(pod), lambda raw: (f.key, f) if (f := health.pod_facts(raw)) else None, stop=stop
-    )
-    assert nodes.sync() and pods.sync()
-    evictions = Evicted()
-    watcher = PodHealth(
-        pods=pods,
-        nodes=nodes,
-        index=PodIndex(),
-        reports=DeviceReports(),
-        namespace_labels=lambda namespace: {},
-        breaker=Breaker(NoStore(), lambda: NOW),
-        fleet_size=lambda: 1,
-        limits=EvictionRateLimits(clock=lambda: NOW.timestamp()),
-        policy=lambda: ENFORCE,
-        evictions=evictions,
-        events=EventRecorder(lambda namespace, body: None, stop=stop),
-        registry=_registry(),
-        clock=lambda: NOW,
-        stop=stop,
-    )
-    return watcher, evictions
+    wired.writes.patch_status = conflict  # type: ignore[method-assign]
+    wired.node_health.reconcile("gpu-1")
+    assert observed(wired.registry) == {}
 
 
 @pytest.mark.parametrize(
@@ -116,7 +73,7 @@ def test_an_eviction_is_timed_from_the_first_sight_of_the_failure(
     record: NodeRecord | None, waited: float
 ) -> None:
     unhealthy = raw_pod(devices=[(f"{GPU} GPU-0", "Unhealthy")])
-    watcher, evictions = pod_health(raw_node("gpu-1", allocatable=7, record=record), unhealthy)
-    watcher.reconcile("ml/trainer")
-    assert evictions.calls == [("ml", "trainer")]
-    assert observed(watcher.registry) == {"evicted": (1, waited)}
+    wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7, record=record)], [unhealthy])
+    wired.pod_health.reconcile("ml/trainer")
+    assert wired.evictions.sent == [("ml", "trainer")]
+    assert observed(wired.registry) == {"evicted": (1, waited)}

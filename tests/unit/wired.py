@@ -1,0 +1,163 @@
+"""Both remediation controllers wired by `HealthControllers`, as `gpuguard controllers` wires them, over
+real informers that list the given objects; node writes, evictions and Events recorded, a clock the test
+moves. Nothing runs by itself: a test reconciles the keys it means to."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from webhook.controllers import series
+from webhook.controllers.fleet import Breaker, Ledger
+from webhook.controllers.nodehealth import NodeHealth
+from webhook.controllers.podhealth import PodHealth
+from webhook.controllers.wiring import HealthControllers
+from webhook.kube.events import EventRecorder
+from webhook.kube.informer import Informer, ListPage
+from webhook.kube.remediation import EvictionOutcome, EvictionResult, StoredState
+from webhook.metrics import Registry
+from webhook.policy import health
+from webhook.policy.health import NodeFacts, PodFacts
+from webhook.policy.model import Policy
+
+NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+class Listed:
+    """A ListWatch whose list returns the given objects and whose watch stays silent."""
+
+    def __init__(self, *objects: dict[str, Any]) -> None:
+        self.objects = list(objects)
+
+    def list_page(self, continue_token: str | None) -> ListPage:
+        return ListPage(self.objects, "1", None)
+
+    @contextlib.contextmanager
+    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[Iterator[dict[str, Any]]]:
+        yield iter(())
+
+
+class RecordedWrites:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.version = 7
+
+    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self._answer("node", patch)
+
+    def patch_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self._answer("status", patch)
+
+    def _answer(self, kind: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append((kind, patch))
+        self.version += 1
+        return {"metadata": {"resourceVersion": str(self.version)}}
+
+
+class RecordedEvictions:
+    def __init__(self, result: EvictionResult = "evicted") -> None:
+        self.result = result
+        self.sent: list[tuple[str, str]] = []
+
+    def evict(self, namespace: str, name: str, uid: str) -> EvictionOutcome:
+        self.sent.append((namespace, name))
+        return EvictionOutcome(self.result, "" if self.result == "evicted" else "would violate the budget")
+
+
+class NoStore:
+    def read(self) -> StoredState:
+        return StoredState({}, None)
+
+    def write(self, data: dict[str, str], read: StoredState) -> None:
+        self.written = data
+
+
+def registry() -> Registry:
+    registry = Registry()
+    series.register(
+        registry,
+        node_health=list,
+        breaker_open=lambda: False,
+        held_nodes=lambda: 0,
+        queue_depths=list,
+        leader=lambda: True,
+    )
+    return registry
+
+
+class Wired:
+    def __init__(
+        self,
+        policy: Policy,
+        nodes: Sequence[dict[str, Any]],
+        pods: Sequence[dict[str, Any]] = (),
+        *,
+        evictions: RecordedEvictions | None = None,
+    ) -> None:
+        stop = threading.Event()
+        self.now = NOW
+        self.node_list = Listed(*nodes)
+        self.nodes: Informer[NodeFacts] = Informer(
+            "nodes",
+            self.node_list,
+            lambda raw: (f.name, f) if (f := health.node_facts(raw)) else None,
+            stop=stop,
+        )
+        self.pods: Informer[PodFacts] = Informer(
+            "pods", Listed(*pods), lambda raw: (f.key, f) if (f := health.pod_facts(raw)) else None, stop=stop
+        )
+        self.sent: list[dict[str, Any]] = []
+        self.events = EventRecorder(lambda namespace, body: self.sent.append(body), stop=stop)
+        self.writes = RecordedWrites()
+        self.evictions = evictions or RecordedEvictions()
+        self.registry = registry()
+        self.controllers = HealthControllers(
+            nodes=self.nodes,
+            pods=self.pods,
+            namespace_labels=lambda namespace: {},
+            policy=lambda: policy,
+            writes=self.writes,
+            evictions=self.evictions,
+            breaker_store=NoStore(),
+            events=self.events,
+            registry=self.registry,
+            clock=lambda: self.now,
+            stop=stop,
+        )
+        # Synced once wired, as in the manager: the first list reaches the ledger, the pod index and
+        # the device reports through the controllers' own change handlers.
+        assert self.nodes.sync() and self.pods.sync()
+
+    @property
+    def node_health(self) -> NodeHealth:
+        return self.controllers.node_health
+
+    @property
+    def pod_health(self) -> PodHealth:
+        return self.controllers.pod_health
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.controllers.ledger
+
+    @property
+    def breaker(self) -> Breaker:
+        return self.controllers.breaker
+
+    def list_nodes(self, *nodes: dict[str, Any]) -> None:
+        """The Nodes are now these: listed again, the differences reach the controllers as changes."""
+        self.node_list.objects = list(nodes)
+        assert self.nodes.sync()
+
+    def at(self, seconds: float) -> None:
+        self.now = NOW + datetime.timedelta(seconds=seconds)
+
+    def reasons(self) -> list[str]:
+        """The reasons of the Events recorded so far, once the recorder has sent them all."""
+        self.events.stop.set()
+        self.events.start()
+        self.events.thread.join(timeout=5)
+        return [body["reason"] for body in self.sent]
