@@ -49,7 +49,7 @@ def one_node_with(*pods: dict[str, Any], policy: Policy = POLICY) -> Wired:
 
 def earlier(world: Wired, raw: dict[str, Any]) -> None:
     """A status the watch delivered before the one now cached (what the manager feeds the memory)."""
-    world.controllers.reports.observe(Change(facts(raw).key, None, facts(raw)))
+    world.reports.observe(Change(facts(raw).key, None, facts(raw)))
 
 
 def test_a_dra_device_unknown_from_the_start_is_never_evicted() -> None:

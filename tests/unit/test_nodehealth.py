@@ -81,7 +81,7 @@ def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
     wired = Wired(policy, [raw_node("gpu-1", allocatable=7)])
     seeded = health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))
     assert seeded is not None
-    wired.controllers.seed([seeded], policy, NOW)
+    wired.seed([seeded], policy, NOW)
     wired.node_health.reconcile("gpu-1")
     assert wired.breaker.state.open
     # The condition says what is wrong; no taint: the breaker opened on this very node.

@@ -96,7 +96,7 @@ def test_a_refused_eviction_gives_its_rate_limit_slot_back() -> None:
     watcher.pod_health.reconcile("ml/b")
     assert watcher.evictions.sent == [("ml", "a"), ("ml", "b")]
     # That one happened: the node's minute is spent.
-    assert watcher.controllers.limits.reserve("gpu-1", "other", policy) > 0
+    assert watcher.limits.reserve("gpu-1", "other", policy) > 0
 
 
 def test_a_drain_recorded_without_its_cordon_evicts_nothing() -> None:

@@ -11,9 +11,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, Ledger
-from webhook.controllers.nodehealth import NodeHealth
-from webhook.controllers.podhealth import PodHealth
 from webhook.controllers.wiring import HealthControllers
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer, ListPage
@@ -88,7 +85,7 @@ def registry() -> Registry:
     return registry
 
 
-class Wired:
+class Wired(HealthControllers):
     def __init__(
         self,
         policy: Policy,
@@ -114,7 +111,7 @@ class Wired:
         self.writes = RecordedWrites()
         self.evictions = evictions or RecordedEvictions()
         self.registry = registry()
-        self.controllers = HealthControllers(
+        super().__init__(
             nodes=self.nodes,
             pods=self.pods,
             namespace_labels=lambda namespace: {},
@@ -130,22 +127,6 @@ class Wired:
         # Synced once wired, as in the manager: the first list reaches the ledger, the pod index and
         # the device reports through the controllers' own change handlers.
         assert self.nodes.sync() and self.pods.sync()
-
-    @property
-    def node_health(self) -> NodeHealth:
-        return self.controllers.node_health
-
-    @property
-    def pod_health(self) -> PodHealth:
-        return self.controllers.pod_health
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.controllers.ledger
-
-    @property
-    def breaker(self) -> Breaker:
-        return self.controllers.breaker
 
     def list_nodes(self, *nodes: dict[str, Any]) -> None:
         """The Nodes are now these: listed again, the differences reach the controllers as changes."""
