@@ -83,8 +83,7 @@ class HealthControllers:
         self.pod_health.pod_changed(change)
 
     def seed(self, nodes: Iterable[NodeFacts], policy: Policy, now: datetime.datetime) -> None:
-        """The records the nodes carry count against budgets and for the breaker before a new leader's
-        first decision."""
+        """Takes the records the nodes carry into the ledger and the breaker's log."""
         nodes = list(nodes)
         self.ledger.seed(nodes, policy, now)
         self.breaker.seed(nodes)
