@@ -205,11 +205,12 @@ class Worker:
             return
         failing_now, metrics = self._sources
         with self._publishing:
+            # Stamped before the state is read: a slot stamped after a worker asked was read after it.
+            at = time.monotonic()
             failing = failing_now()
             self._served = self._served or "started" not in failing
             self.board.write(
-                self.slot,
-                Published(os.getpid(), time.monotonic(), tuple(failing), self._served, metrics.snapshot()),
+                self.slot, Published(os.getpid(), at, tuple(failing), self._served, metrics.snapshot())
             )
 
     def others(self) -> dict[int, Published | None]:
@@ -237,9 +238,10 @@ class Worker:
 
     def failing_others(self) -> list[str]:
         """The other workers that are not ready, with why ("worker 1: starting")."""
+        others = self.others()
         now = time.monotonic()
         failing = []
-        for slot, published in self.others().items():
+        for slot, published in others.items():
             if published is None:
                 failing.append(f"worker {slot}: starting")
             elif not published.ready(now):
