@@ -211,6 +211,9 @@ def build(
         # What a worker publishes is its own readiness: the others' is theirs to publish (and reading it
         # asks them to publish, which must not ask back).
         worker.publishing(lambda: health.failing(skipping=(workers.WORKERS_CHECK,)), state.metrics, stop)
+        # Its slot says it serves from the moment it does: a worker ended before its next publication
+        # must not be taken for one that never served, which ends the whole server.
+        health.on_started = worker.publish
     return server, state
 
 

@@ -28,6 +28,8 @@ class Probes:
     status: Callable[[], Mapping[str, object]]
     checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     started: bool = False
+    # Called once the listener serves (a worker of several publishes it at once).
+    on_started: Callable[[], None] = lambda: None
 
     def add_readiness_check(self, name: str, check: Callable[[], bool]) -> None:
         self.checks[name] = check
@@ -44,6 +46,7 @@ def create_app(probes: Probes) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # uvicorn loads the certificate before startup: reaching here means it is valid and served.
         probes.started = True
+        probes.on_started()
         log.info("ready", extra={"fields": {"detail": probes.detail()}})
         yield
         probes.started = False

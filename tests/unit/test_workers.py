@@ -295,6 +295,14 @@ def test_a_worker_that_ends_is_replaced_and_the_counts_never_go_back(
     assert _requests(two_workers) == counts[0] + 1
 
 
+def test_a_worker_ended_as_soon_as_the_server_is_ready_is_started_again(two_workers: Server) -> None:
+    # Each worker says on the board that it serves as it starts to: one ended at once, before its next
+    # publication, has served all the same, and is started again rather than ending the server.
+    os.kill(_children(two_workers.process.pid)[0], signal.SIGTERM)
+
+    _until(lambda: "starting it again" in two_workers.log_tail(), "the worker started again", two_workers)
+
+
 def test_sigterm_stops_every_worker_with_exit_code_0(two_workers: Server) -> None:
     children = _children(two_workers.process.pid)
 
