@@ -204,11 +204,16 @@ def build(
             adopt_context=manager.serving.attach,
         )
         manager.start()
+    # Told to stop, the server drains before it ends: not ready from the signal on, so a worker that
+    # stops is never again counted ready while its successor is yet to start.
+    health.add_readiness_check("stopping", lambda: not server.should_exit)
     if worker is not None:
-        # What a worker publishes is its own readiness: the others' is theirs to publish.
-        worker.publishing(
-            lambda: [name for name in health.failing() if name != workers.WORKERS_CHECK], state.metrics, stop
-        )
+        # What a worker publishes is its own readiness: the others' is theirs to publish (and reading it
+        # asks them to publish, which must not ask back).
+        worker.publishing(lambda: health.failing(skipping=(workers.WORKERS_CHECK,)), state.metrics, stop)
+        # Its slot says it serves from the moment it does: a worker ended before its next publication
+        # must not be taken for one that never served, which ends the whole server.
+        health.on_started = worker.publish
     return server, state
 
 
@@ -251,7 +256,8 @@ def _serve_one(
     finally:
         stop.set()
         if worker is not None:
-            worker.flush()
+            # Its last word, so its successor continues from every count.
+            worker.publish()
 
 
 def _worker_options(options: Options, slot: int) -> Options:

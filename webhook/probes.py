@@ -11,7 +11,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
@@ -28,14 +28,17 @@ class Probes:
     status: Callable[[], Mapping[str, object]]
     checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     started: bool = False
+    # Called once the listener serves (a worker of several publishes it at once).
+    on_started: Callable[[], None] = lambda: None
 
     def add_readiness_check(self, name: str, check: Callable[[], bool]) -> None:
         self.checks[name] = check
 
-    def failing(self) -> list[str]:
-        """The readiness checks that fail now; "started" until the listener serves."""
+    def failing(self, *, skipping: Collection[str] = ()) -> list[str]:
+        """The readiness checks that fail now, but for those named in `skipping` (not even run);
+        "started" until the listener serves."""
         failing = [] if self.started else ["started"]
-        return failing + [name for name, check in self.checks.items() if not check()]
+        return failing + [name for name, check in self.checks.items() if name not in skipping and not check()]
 
 
 def create_app(probes: Probes) -> FastAPI:
@@ -43,6 +46,7 @@ def create_app(probes: Probes) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # uvicorn loads the certificate before startup: reaching here means it is valid and served.
         probes.started = True
+        probes.on_started()
         log.info("ready", extra={"fields": {"detail": probes.detail()}})
         yield
         probes.started = False

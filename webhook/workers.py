@@ -7,11 +7,12 @@ connection to whichever worker accepts it first, and a worker accepts only once 
 
 What one process would know alone is made whole through a board: shared memory made before the first
 fork, one slot per worker. Every PUBLISH_SECONDS, and whenever another worker asks, each worker writes
-its counters and its own readiness into its slot. Whichever worker answers `/metrics` asks every other
-worker to publish (an eventfd per slot), waits for their fresh slots (at most SCRAPE_WAIT_SECONDS, for
-a worker too busy to answer in time), and adds its live counters to theirs: a scrape counts every
-request answered before it, each once. `/readyz` answers ready only when every worker is: each slot
-published within STALE_SECONDS, none with a failing check. A slot is locked with a POSIX record lock
+its counters and its own readiness into its slot. Whichever worker answers `/metrics` or `/readyz` asks
+every other worker to publish (an eventfd per slot) and waits for their fresh slots (at most
+ASKED_WAIT_SECONDS, for a worker too busy to answer in time). A scrape adds its live counters to
+theirs: it counts every request answered before it, each once. `/readyz` answers ready only when every
+worker is, as it is at that answer: each slot published within STALE_SECONDS, none with a failing check
+(a worker told to stop fails one from then on). A slot is locked with a POSIX record lock
 while it is written or read, which the kernel releases when its holder dies, so a worker killed
 mid-write blocks nobody.
 
@@ -51,9 +52,10 @@ from webhook.metrics import Metrics
 # How often a worker publishes its counters and readiness, and how old a slot may be and still count.
 PUBLISH_SECONDS = 0.5
 STALE_SECONDS = 4 * PUBLISH_SECONDS
-# How long a scrape waits for the other workers' fresh counters before it uses their last ones.
-SCRAPE_WAIT_SECONDS = 0.25
-SCRAPE_POLL_SECONDS = 0.002
+# How long a scrape or a readiness probe waits for the other workers' fresh slots before it uses their
+# last ones.
+ASKED_WAIT_SECONDS = 0.25
+ASKED_POLL_SECONDS = 0.002
 # Room for one worker's published state: its counters are a few hundred series at most (~20 KB).
 SLOT_BYTES = 256 * 1024
 LENGTH_BYTES = 4
@@ -192,24 +194,54 @@ class Worker:
         # What the slot's earlier workers counted, continued so every sum over workers stays monotonic.
         self.inherited = previous.metrics if previous is not None else None
         self._sources: tuple[Callable[[], list[str]], Metrics] | None = None
+        # The board thread and the worker's last words both publish: one at a time, each reading the
+        # state as it writes, so a publication made earlier never lands over a later one (a ready slot
+        # over a stopping worker's, or older counters over the last ones its successor continues).
+        self._publishing = threading.Lock()
 
-    def publish(self, failing: list[str], metrics: Metrics) -> None:
-        self._served = self._served or "started" not in failing
-        self.board.write(
-            self.slot,
-            Published(os.getpid(), time.monotonic(), tuple(failing), self._served, metrics.snapshot()),
-        )
+    def publish(self) -> None:
+        """Writes the worker's readiness and counters as they are now into its slot."""
+        if self._sources is None:
+            return
+        failing_now, metrics = self._sources
+        with self._publishing:
+            # Stamped before the state is read: a slot stamped after a worker asked was read after it.
+            at = time.monotonic()
+            failing = failing_now()
+            self._served = self._served or "started" not in failing
+            self.board.write(
+                self.slot, Published(os.getpid(), at, tuple(failing), self._served, metrics.snapshot())
+            )
 
-    def others(self) -> Iterator[tuple[int, Published | None]]:
-        for slot in range(self.board.size):
-            if slot != self.slot:
-                yield slot, self.board.read(slot)
+    def others(self) -> dict[int, Published | None]:
+        """Every other worker's slot, published for this call: a worker answers with its own state as
+        it is now, so it reads the others' as they are now too, not as they were up to PUBLISH_SECONDS
+        ago (a worker that just started would otherwise be ready when it answers and starting when
+        another does, one that is stopping the reverse)."""
+        asked = time.monotonic()
+        waiting = [slot for slot in range(self.board.size) if slot != self.slot]
+        for slot in waiting:
+            self.board.ask(slot)
+        latest: dict[int, Published | None] = {}
+        deadline = asked + ASKED_WAIT_SECONDS
+        while waiting:
+            for slot in list(waiting):
+                published = latest[slot] = self.board.read(slot)
+                # A fresh slot, or one nobody will refresh (never started, or its worker dead).
+                if published is None or published.pid == 0 or published.at >= asked:
+                    waiting.remove(slot)
+            if waiting and time.monotonic() < deadline:
+                time.sleep(ASKED_POLL_SECONDS)
+            else:
+                break
+        return dict(sorted(latest.items()))
 
     def failing_others(self) -> list[str]:
         """The other workers that are not ready, with why ("worker 1: starting")."""
+        others = self.others()
         now = time.monotonic()
         failing = []
-        for slot, published in self.others():
+        for slot, published in others.items():
             if published is None:
                 failing.append(f"worker {slot}: starting")
             elif not published.ready(now):
@@ -222,25 +254,9 @@ class Worker:
 
     def merged(self, own: Metrics) -> Metrics:
         """This worker's live counters plus every other worker's, published for this call."""
-        asked = time.monotonic()
-        waiting = [slot for slot in range(self.board.size) if slot != self.slot]
-        for slot in waiting:
-            self.board.ask(slot)
-        latest: dict[int, Published | None] = {}
-        deadline = asked + SCRAPE_WAIT_SECONDS
-        while waiting:
-            for slot in list(waiting):
-                published = latest[slot] = self.board.read(slot)
-                # A fresh slot, or one nobody will refresh (never started, or its worker dead).
-                if published is None or published.pid == 0 or published.at >= asked:
-                    waiting.remove(slot)
-            if waiting and time.monotonic() < deadline:
-                time.sleep(SCRAPE_POLL_SECONDS)
-            else:
-                break
         total = Metrics()
         total.add(own.snapshot())
-        for published in latest.values():
+        for published in self.others().values():
             if published is not None:
                 total.add(published.metrics)
         return total
@@ -253,19 +269,13 @@ class Worker:
         def loop() -> None:
             while not stop.is_set():
                 try:
-                    self.publish(failing(), metrics)
+                    self.publish()
                 except Exception:  # a failed write must not end publishing: the slot would go stale
                     log.exception("worker %d could not publish its state", self.slot)
                 self.board.wait_asked(self.slot, PUBLISH_SECONDS)
 
-        self.publish(failing(), metrics)
+        self.publish()
         threading.Thread(target=loop, name="worker-board", daemon=True).start()
-
-    def flush(self) -> None:
-        """Publishes once more as the worker ends, so its successor continues from every count."""
-        if self._sources is not None:
-            failing, metrics = self._sources
-            self.publish(failing(), metrics)
 
 
 def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:

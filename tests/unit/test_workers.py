@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -131,6 +132,41 @@ def test_a_worker_continues_its_slots_counters() -> None:
     assert workers.Worker(board, 1).inherited is None
 
 
+def test_a_publication_read_earlier_never_lands_over_a_later_one() -> None:
+    """The board thread and a stopping worker's last word publish at once: the one that read the worker's
+    state later writes later, so a worker that stopped is never left on the board as ready."""
+    board = workers.Board(1)
+    state: list[str] = []
+    read, write_on = threading.Event(), threading.Event()
+
+    def failing() -> list[str]:
+        now = list(state)
+        if threading.current_thread().name == "earlier":
+            read.set()
+            write_on.wait(WAIT_SECONDS)
+        return now
+
+    already_stopped = threading.Event()
+    already_stopped.set()
+    worker = workers.Worker(board, 0)
+    worker.publishing(failing, Metrics(), already_stopped)  # publishes once, no thread left running
+    earlier = threading.Thread(target=worker.publish, name="earlier")
+    earlier.start()
+    assert read.wait(WAIT_SECONDS)
+    state.append("stopping")
+    later = threading.Thread(target=worker.publish, name="later")
+    later.start()
+    # Room for a later publication that does not wait its turn to land first; one that waits is
+    # unaffected (it writes once the earlier one has, whenever that is).
+    later.join(timeout=0.5)
+    write_on.set()
+    earlier.join(WAIT_SECONDS)
+    later.join(WAIT_SECONDS)
+
+    published = board.read(0)
+    assert published is not None and published.failing == ("stopping",)
+
+
 def test_a_state_too_large_for_its_slot_is_refused() -> None:
     board = workers.Board(1)
     huge = workers.Published(1, 0.0, ("x" * workers.SLOT_BYTES,), False, {})
@@ -210,6 +246,13 @@ def test_two_workers_answer_and_count_as_one_server(two_workers: Server) -> None
     assert [_requests(two_workers) for _ in range(10)] == [CONNECTIONS] * 10
 
 
+def test_once_one_worker_answers_ready_every_worker_does(two_workers: Server) -> None:
+    # The fixture returned on the first 200, answered by a worker with its own state as it is now: the
+    # other answers the same, reading that worker's state as it is now too, not as last published.
+    answers = [_fresh(two_workers, "GET", "/readyz").status_code for _ in range(CONNECTIONS // 4)]
+    assert answers == [200] * (CONNECTIONS // 4)
+
+
 def test_a_policy_change_reaches_every_worker(two_workers: Server, policy_file: Path) -> None:
     before = _fresh(two_workers, "GET", "/readyz").text
     policy_file.write_text(yaml.safe_dump({"enabled": True, "rules": {"priority": {"mode": "off"}}}))
@@ -250,6 +293,14 @@ def test_a_worker_that_ends_is_replaced_and_the_counts_never_go_back(
         assert answered[survivor] <= counts[0] <= 4
     _fresh(two_workers, "POST", "/mutate", content=admission_review(defaulted_gpu_pod()))
     assert _requests(two_workers) == counts[0] + 1
+
+
+def test_a_worker_ended_as_soon_as_the_server_is_ready_is_started_again(two_workers: Server) -> None:
+    # Each worker says on the board that it serves as it starts to: one ended at once, before its next
+    # publication, has served all the same, and is started again rather than ending the server.
+    os.kill(_children(two_workers.process.pid)[0], signal.SIGTERM)
+
+    _until(lambda: "starting it again" in two_workers.log_tail(), "the worker started again", two_workers)
 
 
 def test_sigterm_stops_every_worker_with_exit_code_0(two_workers: Server) -> None:
