@@ -235,7 +235,9 @@ class Controllers:
             if not self.process.running():
                 # The log lives in the bench's temporary folder, gone once the bench ends: say its end.
                 tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
-                raise RuntimeError(f"controllers exited while waiting for {what}; the end of their log:\n{tail}")
+                raise RuntimeError(
+                    f"controllers exited while waiting for {what}; the end of their log:\n{tail}"
+                )
             if time.monotonic() - self.started > timeout:
                 raise TimeoutError(what)
             time.sleep(0.05)
