@@ -226,6 +226,19 @@ def test_gpuguards_marks_without_a_record_are_kept_as_its_own_and_reported() -> 
     assert "RemediationRecordLost" in wired.reasons()
 
 
+def test_a_record_rebuilt_from_gpuguards_marks_is_no_new_onset_for_the_breaker() -> None:
+    # The node became due long ago (its onset has left the breaker's window); stripping its record
+    # must not make it count again as a node that just became due.
+    tainted = raw_node("gpu-1", allocatable=7, taints=[{"key": health.TAINT_KEY, "effect": "NoSchedule"}])
+    wired = Wired(ENFORCE, [tainted])
+    wired.node_health.reconcile("gpu-1")
+    assert "RemediationRecordLost" in wired.reasons()
+    assert wired.breaker.logged() == {}
+    fresh = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7)])
+    fresh.node_health.reconcile("gpu-1")
+    assert list(fresh.breaker.logged().values()) == [NOW]
+
+
 def test_recorded_times_in_the_future_are_taken_as_now_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     future = NodeRecord(signals={f"deviceGap/{GPU}": datetime.datetime(2099, 1, 1, tzinfo=datetime.UTC)})
     wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7, record=future)])

@@ -239,7 +239,10 @@ class NodeHealth:
         now (an audit trip holds nothing)."""
         if plan.hands_off or plan.record is None or plan.record.unhealthy_since is None:
             return False
-        self.breaker.became_due(facts.name, facts.uid, plan.record.unhealthy_since)
+        if plan.became_due:
+            # Only the onset: a record rebuilt from gpuguard's marks (stripped or broken) is dated now
+            # and is no new failure; a new leader takes earlier onsets from the records (Breaker.seed).
+            self.breaker.became_due(facts.name, facts.uid, plan.record.unhealthy_since)
         trip = self.breaker.evaluate(policy, self.ledger.fleet_size(), enforced=disrupts(policy))
         if trip is None:
             return False
