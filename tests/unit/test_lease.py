@@ -208,15 +208,51 @@ def test_a_slow_api_server_cannot_stretch_a_renewal_past_the_renew_deadline(cloc
     # may only take what is left of the deadline, so the leader stops at 114, before any standby may
     # take over (119 at the earliest). Without the bound, an attempt started at 112 ran to about 122.
     leases = TroubledLeases(clock, trouble_from=105.0, answers_from=112.0)
-    seen: list[tuple[str, float]] = []
+    started = threading.Event()
+    stopped_at: list[float] = []
     a = elector(leases, "a", clock)
     a.stop = SleepingStop(clock)
-    a.on_started = lambda: seen.append(("leading", clock.now))
-    a.on_stopped = lambda: seen.append(("on_stopped", clock.now))
+    a.on_started = started.set
+    a.on_stopped = lambda: stopped_at.append(clock.now)
     a.run()
-    assert seen == [("leading", 100.0), ("on_stopped", pytest.approx(114.0))]
+    assert started.wait(5)
+    assert stopped_at == [pytest.approx(114.0)]
     assert leases.timeouts == [pytest.approx(2.0)]  # 112 + 2: all that was left of the deadline
     assert not a.leading
+
+
+class RenewalCounter(MemoryLeases):
+    """Says when the holder has renewed the Lease `renewals` times after acquiring it."""
+
+    def __init__(self, renewals: int) -> None:
+        super().__init__()
+        self.renewed = threading.Event()
+        self.renewals = renewals
+
+    def update(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
+        stored = super().update(record, timeout)
+        if self.writes > self.renewals:
+            self.renewed.set()
+        return stored
+
+
+def test_the_leaders_work_starting_slowly_does_not_hold_up_the_renewals(clock: Clock) -> None:
+    # Starting the leader's work (a first pass over a large fleet) took longer than the renew deadline
+    # and ran on the elector's thread: its first renewal came past the deadline and a healthy leader
+    # exited. Here the work waits for two renewals before it may finish starting.
+    leases = RenewalCounter(renewals=2)
+    a = elector(leases, "a", clock)
+    a.stop = SleepingStop(clock)
+    renewed_while_starting: list[bool] = []
+
+    def start_leading() -> None:
+        renewed_while_starting.append(leases.renewed.wait(5))
+        a.stop.set()
+
+    a.on_started = start_leading
+    a.on_stopped = lambda: renewed_while_starting.append(False)
+    a.run()  # returns once the work has started (it sets the stop) or the Lease is lost
+    assert renewed_while_starting == [True]
 
 
 def test_a_leader_paused_past_its_lease_writes_nothing(clock: Clock) -> None:

@@ -6,7 +6,8 @@ by its own clock (never by comparing its clock with the holder's timestamps), or
 released it on a clean stop. Every write is at the resourceVersion just read, so two candidates can
 never both win: the second gets a conflict.
 
-A leader that cannot renew within the renew deadline has lost: `on_stopped` runs and the caller must
+`on_started` runs in a thread of its own, so however long the leader's work takes to start, the renewals
+go on. A leader that cannot renew within the renew deadline has lost: `on_stopped` runs and the caller must
 end the process, since the other replica may already act (controller-runtime exits for that reason).
 As in client-go, the renew deadline bounds the whole renewal, not one attempt: every request's timeout
 is what is left of it, so `on_stopped` runs at the deadline however slow the API server answers.
@@ -167,7 +168,10 @@ class LeaderElector:
                 return
         self.leading = True
         log.info("%s is the leader", self.identity, extra={"fields": {"identity": self.identity}})
-        self.on_started()
+        # The leader's work starts beside the renewals, as client-go starts OnStartedLeading in its own
+        # goroutine: starting it may take longer than the renew deadline (a first pass over 20,000 nodes
+        # and 200,000 pods does on two cores), and a renewal waiting for it would lose a healthy Lease.
+        threading.Thread(target=self.on_started, name="leading", daemon=True).start()
         while True:
             deadline = self._renewed_at + self.renew_deadline
             if self.stop.wait(max(0.0, min(self.retry_seconds, deadline - self.clock()))):
