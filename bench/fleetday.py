@@ -58,7 +58,7 @@ from webhook.controllers import series
 from webhook.controllers.fleet import Breaker
 from webhook.controllers.wiring import HealthControllers
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
-from webhook.kube.informer import Informer, ListPage
+from webhook.kube.informer import Informer, ListPage, listed_events
 from webhook.kube.queue import WorkQueue
 from webhook.kube.remediation import ConflictError, EvictionOutcome, NotFoundError, StoredState
 from webhook.metrics import Registry
@@ -581,6 +581,10 @@ class Listing:
 
     def list_page(self, continue_token: str | None) -> ListPage:
         return ListPage(self.items(), "1", None)
+
+    @contextlib.contextmanager
+    def watch_list(self, timeout_seconds: int) -> Iterator[Iterator[JSON]]:
+        yield listed_events(self.items(), "1")
 
     @contextlib.contextmanager
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[Iterator[JSON]]:

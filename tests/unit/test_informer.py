@@ -20,7 +20,15 @@ from typing import Any
 
 import pytest
 
-from webhook.kube.informer import Change, ExpiredError, Informer, ListPage, NotServedError
+from webhook.kube.informer import (
+    Change,
+    ExpiredError,
+    Informer,
+    ListPage,
+    NotServedError,
+    StreamingNotSupportedError,
+    listed_events,
+)
 
 WAIT = 10.0
 Stream = list[Any]  # events, exceptions to raise, and (GatedSource) gates to wait at
@@ -53,6 +61,8 @@ class ScriptedSource:
         # Per list: its pages in order (an exception instead of a page fails that page's request).
         self.lists: list[list[ListPage | Exception] | Exception] = []
         self.streams: list[Stream] = []
+        # Per streamed list: its events; none scripted, the server cannot stream lists.
+        self.list_streams: list[Stream] = []
         self.list_calls = 0
         self.watched_from: list[str] = []
         self._pages: list[ListPage | Exception] = []
@@ -68,6 +78,13 @@ class ScriptedSource:
         if isinstance(answer, Exception):
             raise answer
         return answer
+
+    @contextlib.contextmanager
+    def watch_list(self, timeout_seconds: int) -> Iterator[Iterator[dict[str, Any]]]:
+        if not self.list_streams:
+            raise StreamingNotSupportedError("sendInitialEvents is forbidden")
+        self.list_calls += 1
+        yield self._play(self.list_streams.pop(0))
 
     @contextlib.contextmanager
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[Iterator[dict[str, Any]]]:
@@ -421,3 +438,63 @@ def test_an_unreadable_change_keeps_the_last_value_and_is_logged_once_per_versio
         "gpus: skipping a at resourceVersion 12,",
     ]
     assert source.list_calls == 1
+
+
+def test_a_streamed_list_is_one_snapshot_at_the_version_of_its_end_bookmark(
+    source: ScriptedSource, stop: threading.Event
+) -> None:
+    source.list_streams.append(list(listed_events([obj("a", "3"), obj("b", "4", gpus=2)], "12")))
+    source.streams.append([event("MODIFIED", obj("a", "13", gpus=0))])
+    informer, readers = started(source, stop)
+    assert readers.snapshot() == {"a": 1, "b": 2}
+    assert {readers.change().key, readers.change().key} == {"a", "b"}
+    assert readers.change() == Change("a", 1, 0)  # the watch went on from the bookmark's version
+    assert source.watched_from[0] == "12"
+    assert informer.streams_lists
+
+
+def test_a_bookmark_inside_a_streamed_list_does_not_end_it(
+    source: ScriptedSource, stop: threading.Event
+) -> None:
+    *adds, end = listed_events([obj("a", "3"), obj("b", "4")], "12")
+    source.list_streams.append([adds[0], bookmark("10"), adds[1], end])
+    informer, readers = started(source, stop)
+    assert readers.snapshot() == {"a": 1, "b": 1}
+    assert informer.resource_version == "12"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param([event("ADDED", obj("a", "3")), event("MODIFIED", obj("a", "4"))], id="a plain watch"),
+        pytest.param([event("ADDED", obj("a", "3"))], id="no end of the list"),
+    ],
+)
+def test_a_server_that_cannot_stream_lists_is_listed_by_pages_from_then_on(
+    source: ScriptedSource, stop: threading.Event, answer: Stream
+) -> None:
+    # A server that ignores sendInitialEvents answers a plain watch; one that refuses it says so (the
+    # other tests): both are listed by pages, and never asked to stream again.
+    source.list_streams.append(answer)
+    source.lists.append([page(obj("a", "3"), obj("b", "5"), version="9")])
+    source.lists.append([page(obj("a", "3"), version="20")])
+    source.streams.append([gone()])
+    informer, readers = started(source, stop)
+    assert readers.snapshot() == {"a": 1, "b": 1}
+    assert not informer.streams_lists
+    assert readers.snapshot() == {"a": 1}  # the 410 listed again, by pages
+    assert source.list_calls == 3
+
+
+def test_an_error_in_a_streamed_list_is_retried_as_a_stream(
+    source: ScriptedSource, stop: threading.Event
+) -> None:
+    source.list_streams.append([event("ADDED", obj("a", "3")), OSError("connection reset")])
+    source.list_streams.append(list(listed_events([obj("a", "3")], "9")))
+    informer = Informer("gpus", source, gpus, stop=stop, first_backoff_seconds=0.01)
+    readers = Readers(informer)
+    assert not informer.sync()
+    assert readers.snapshot() is None
+    informer.start()
+    assert readers.snapshot() == {"a": 1}
+    assert informer.streams_lists

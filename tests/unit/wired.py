@@ -13,7 +13,7 @@ from typing import Any
 from webhook.controllers import series
 from webhook.controllers.wiring import HealthControllers
 from webhook.kube.events import EventRecorder
-from webhook.kube.informer import Informer, ListPage
+from webhook.kube.informer import Informer, ListPage, listed_events
 from webhook.kube.remediation import EvictionOutcome, EvictionResult, StoredState
 from webhook.metrics import Registry
 from webhook.policy import health
@@ -31,6 +31,10 @@ class Listed:
 
     def list_page(self, continue_token: str | None) -> ListPage:
         return ListPage(self.objects, "1", None)
+
+    @contextlib.contextmanager
+    def watch_list(self, timeout_seconds: int) -> Iterator[Iterator[dict[str, Any]]]:
+        yield listed_events(self.objects, "1")
 
     @contextlib.contextmanager
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[Iterator[dict[str, Any]]]:

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
-from webhook.kube.informer import ExpiredError, ListPage, NotServedError
+from webhook.kube.informer import ExpiredError, ListPage, NotServedError, StreamingNotSupportedError
 
 # What a failed API call raises, for callers that say what failed without importing the client.
 ApiError = ApiException
@@ -166,21 +166,42 @@ class ResourceListWatch:
             continue_token=str(metadata.get("continue") or "") or None,
         )
 
+    def watch_list(self, timeout_seconds: int) -> contextlib.AbstractContextManager[Iterator[dict[str, Any]]]:
+        return self._events(timeout_seconds, send_initial_events=True, resource_version_match="NotOlderThan")
+
+    def watch(
+        self, resource_version: str, timeout_seconds: int
+    ) -> contextlib.AbstractContextManager[Iterator[dict[str, Any]]]:
+        return self._events(timeout_seconds, resource_version=resource_version)
+
     @contextlib.contextmanager
-    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[Iterator[dict[str, Any]]]:
+    def _events(self, timeout_seconds: int, **params: Any) -> Iterator[Iterator[dict[str, Any]]]:
+        streamed_list = bool(params.get("send_initial_events"))
         try:
             response = self.list_call(
                 **self.list_args,
+                **params,
                 watch=True,
                 allow_watch_bookmarks=True,
-                resource_version=resource_version,
                 timeout_seconds=timeout_seconds,
                 _preload_content=False,
                 _request_timeout=timeout_seconds + REQUEST_TIMEOUT_SECONDS,
             )
         except ApiException as exc:
+            # A server without WatchList refuses the parameters as invalid.
+            if streamed_list and exc.status in (400, 422):
+                raise StreamingNotSupportedError(str(exc.reason)) from exc
             raise _translated(exc) from exc
+        except (TypeError, ValueError) as exc:
+            # A generated call without the parameters (the custom objects' ones) refuses them itself.
+            if streamed_list:
+                raise StreamingNotSupportedError(str(exc).splitlines()[0]) from exc
+            raise
         try:
             yield (orjson.loads(line) for line in iter_resp_lines(response))
         finally:
+            # Closed, not only released: a stream left before its end (a streamed list read up to
+            # its end bookmark, a watch retired by a newer list) still has chunks on the wire, which
+            # the pooled connection's next request would read as its answer.
+            response.close()
             response.release_conn()
