@@ -1,7 +1,8 @@
 """The informer against scripted list and watch streams: what readers see for each thing a real API
 server does (ADDED, MODIFIED, DELETED, BOOKMARK, 410 Gone, a watch that drops, a resource not served).
 
-The source plays the API server: each `list_page` answers from the pages scripted for the next list,
+The source plays the API server: each `watch_list` plays the next scripted list stream (none scripted:
+the server cannot stream lists), each `list_page` answers from the pages scripted for the next list,
 each `watch` plays the next scripted stream and then parks until the test stops the informer. Tests
 wait on what the informer delivers (a queue), never on time.
 """
