@@ -92,11 +92,12 @@ def restricted_namespace(
     cluster.plane.kubectl("delete", "namespace", name, "--wait=false")
 
 
-def probe_pod(template: dict[str, Any], name: str, namespace: str, image: str, probe: str) -> dict[str, Any]:
-    """A one-shot pod of `template` (a Deployment's or DaemonSet's) on NODE, its first container running
-    `probe` in gpuguard's Python instead of its command. The security contexts, volumes and resources stay
-    as deploy/ has them; what needs the API server (probes, the ServiceAccount's token) goes."""
-    spec = copy.deepcopy(template["spec"])
+def probe_pod(workload: dict[str, Any], name: str, namespace: str, image: str, probe: str) -> dict[str, Any]:
+    """A one-shot pod of `workload`'s template (deploy/'s Deployment or DaemonSet) on NODE, its first
+    container running `probe` in gpuguard's Python instead of its command. The security contexts, volumes
+    and resources stay as deploy/ has them; what needs the API server (probes, the ServiceAccount's token)
+    goes."""
+    spec = copy.deepcopy(workload["spec"]["template"]["spec"])
     for key in ("affinity", "topologySpreadConstraints", "serviceAccountName", "priorityClassName"):
         spec.pop(key, None)
     spec.update(
@@ -135,10 +136,11 @@ def reported(cluster: NodeCluster, pod: dict[str, Any]) -> dict[str, Any]:
 def test_the_webhook_pod_runs_as_deploy_says_under_pod_security_restricted(
     cluster: NodeCluster, image: str, deploy_objects: list[dict[str, Any]], restricted_namespace: str
 ) -> None:
-    template = find(deploy_objects, "Deployment", "gpuguard")["spec"]["template"]
-    pod = probe_pod(template, "webhook-probe", restricted_namespace, image, WEBHOOK_PROBE)
+    webhook = find(deploy_objects, "Deployment", "gpuguard")
 
-    report = reported(cluster, pod)
+    report = reported(
+        cluster, probe_pod(webhook, "webhook-probe", restricted_namespace, image, WEBHOOK_PROBE)
+    )
 
     assert report["uid"] == report["gid"] == 65532
     assert report["version"].endswith(__version__), report["version"]
@@ -154,8 +156,9 @@ def test_the_webhook_pod_runs_as_deploy_says_under_pod_security_restricted(
 def test_pod_security_restricted_refuses_what_deploy_does_not_do(
     cluster: NodeCluster, image: str, deploy_objects: list[dict[str, Any]], restricted_namespace: str
 ) -> None:
-    template = find(deploy_objects, "Deployment", "gpuguard")["spec"]["template"]
-    pod = probe_pod(template, "root-probe", restricted_namespace, image, WEBHOOK_PROBE)
+    pod = probe_pod(
+        find(deploy_objects, "Deployment", "gpuguard"), "root-probe", restricted_namespace, image, ""
+    )
     del pod["spec"]["securityContext"]["runAsNonRoot"]
     pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
 
@@ -179,10 +182,9 @@ def agent_namespace(cluster: NodeCluster, deploy_objects: list[dict[str, Any]]) 
 def test_the_node_agent_pod_reads_the_kubelets_pod_resources_as_uid_0_without_capabilities(
     cluster: NodeCluster, image: str, deploy_objects: list[dict[str, Any]], agent_namespace: str
 ) -> None:
-    template = find(deploy_objects, "DaemonSet", "gpuguard-node-agent")["spec"]["template"]
-    pod = probe_pod(template, "agent-probe", agent_namespace, image, AGENT_PROBE)
+    agent = find(deploy_objects, "DaemonSet", "gpuguard-node-agent")
 
-    report = reported(cluster, pod)
+    report = reported(cluster, probe_pod(agent, "agent-probe", agent_namespace, image, AGENT_PROBE))
 
     assert report["uid"] == 0
     assert report["effective_capabilities"] == 0  # capabilities: drop [ALL]
