@@ -17,6 +17,7 @@ from webhook.kube import facts
 from webhook.kube.client import AccessError, ResourceListWatch, metadata_of
 from webhook.kube.informer import Converter, ExpiredError, NotServedError, paged
 from webhook.policy.facts import ClusterFacts
+from webhook.policy.kinds import WorkloadKind
 
 # Called after each page with the resource and how many of its objects were read so far.
 OnPage = Callable[[str, int], None]
@@ -59,10 +60,13 @@ _WORKLOADS: dict[tuple[str, str], tuple[str, str, str, str]] = {
 WORKLOAD_KINDS = tuple(_WORKLOADS)
 
 
-def _each(source: ResourceListWatch, what: str) -> Iterator[dict[str, Any]]:
+def _each(source: ResourceListWatch, what: str, *, absent_ok: bool = False) -> Iterator[dict[str, Any]]:
     try:
         for page in paged(source):
             yield from page.items
+    except NotServedError:
+        if not absent_ok:
+            raise
     except ExpiredError as exc:
         # A continue token lives about five minutes: only a consumer that stalls that long meets this.
         raise RuntimeError(f"the list of {what} expired while it was read ({exc}): run again") from exc
@@ -86,12 +90,38 @@ class ClusterReader:
         typed = self._typed[group]
         if namespace is None:
             source = ResourceListWatch(getattr(typed, all_namespaces))
-            what = f"{resource} in all namespaces"
         else:
             source = ResourceListWatch(getattr(typed, one_namespace), namespace=namespace)
-            what = f"{resource} in namespace {namespace}"
+        yield from self._items(source, api_version, kind, resource, namespace, absent_ok=False)
+
+    def custom_workloads(self, kind: WorkloadKind, namespace: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every object of a custom resource kind, listed at its first version; nothing when the cluster
+        does not serve it (its CRD is not installed)."""
+        custom = client.CustomObjectsApi(self.api)
+        common: dict[str, Any] = {"group": kind.group, "version": kind.versions[0], "plural": kind.resource}
+        if namespace is None:
+            source = ResourceListWatch(custom.list_cluster_custom_object, **common)
+        else:
+            source = ResourceListWatch(custom.list_namespaced_custom_object, namespace=namespace, **common)
+        api_version = f"{kind.api_group}{kind.versions[0]}"
+        resource = f"{kind.resource}.{kind.group}"
+        yield from self._items(source, api_version, kind.kind, resource, namespace, absent_ok=True)
+
+    def _items(
+        self,
+        source: ResourceListWatch,
+        api_version: str,
+        kind: str,
+        resource: str,
+        namespace: str | None,
+        *,
+        absent_ok: bool,
+    ) -> Iterator[dict[str, Any]]:
+        what = (
+            f"{resource} in all namespaces" if namespace is None else f"{resource} in namespace {namespace}"
+        )
         count = 0
-        for item in _each(source, what):
+        for item in _each(source, what, absent_ok=absent_ok):
             item.setdefault("apiVersion", api_version)
             item.setdefault("kind", kind)
             # Often half an object, read by no rule, and copied by every mutation the engine tries.
