@@ -15,32 +15,24 @@ import copy
 import json
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import third_party
-import yaml
 from controllers_harness import Kubelet
-from controlplane import (
-    LOOPBACK,
-    ControlPlane,
-    Process,
-    free_ports,
-    http_get,
-    spawn,
-    wait_until,
-    without_proxies,
+from controlplane import ControlPlane, Process, wait_until
+from jobset_harness import (
+    JOBSET_DEFAULTS,
+    attempt_pods,
+    install_jobset_crd,
+    jobset_status,
+    start_jobset_manager,
 )
-from install_harness import install_crds
 
-from webhook.certs import tls
 from webhook.policy import engine
 from webhook.policy.model import default_policy
 
 NAMESPACE = "default"
 JOBSET = "gang"
-RESTARTS_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 WAIT_SECONDS = 90.0
 
 Json = dict[str, Any]
@@ -52,10 +44,7 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     plane = ControlPlane.start(control_plane.bin_dir, workdir)
     try:
         plane.start_controller_manager(controllers=("job-controller", "garbage-collector-controller"))
-        crd = yaml.safe_load((third_party.jobset_source() / third_party.JOBSET_CRD).read_text())
-        path = workdir / "jobset-crd.json"
-        path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [crd]}))
-        install_crds(plane, path)
+        install_jobset_crd(plane, workdir)
         yield plane
     finally:
         plane.stop()
@@ -63,35 +52,8 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def jobset_controller(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    """JobSet's manager: no leader election, no certificate management of its own (its webhook server
-    gets a certificate here and is registered nowhere), health on a loopback port."""
-    binary = third_party.jobset_manager()
-    workdir = tmp_path_factory.mktemp("jobset-manager")
-    tls.generate_serving_files(workdir / "certs", [LOOPBACK])
-    webhook_port, health_port = free_ports(2)
-    config = {
-        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
-        "kind": "Configuration",
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
-        "webhook": {"port": webhook_port, "host": LOOPBACK, "certDir": str(workdir / "certs")},
-        "metrics": {"bindAddress": "0"},
-        "health": {"healthProbeBindAddress": f"{LOOPBACK}:{health_port}"},
-    }
-    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    argv: list[str | Path] = [
-        binary,
-        f"--config={workdir / 'config.yaml'}",
-        f"--kubeconfig={cluster.kubeconfig}",
-    ]
-    process = spawn(argv, workdir / "manager.log", without_proxies())
+    process = start_jobset_manager(cluster, tmp_path_factory.mktemp("jobset-manager"))
     try:
-        wait_until(
-            lambda: http_get(health_port, "/readyz")[0] == 200,
-            timeout=60,
-            what="JobSet manager",
-            process=process,
-        )
         yield process
     finally:
         process.stop()
@@ -118,9 +80,7 @@ def gang_jobset() -> Json:
         "metadata": {"name": JOBSET, "namespace": NAMESPACE},
         "spec": {
             "failurePolicy": {"maxRestarts": 1},
-            "successPolicy": {"operator": "All"},
-            "startupPolicy": {"startupPolicyOrder": "AnyOrder"},
-            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            **JOBSET_DEFAULTS,
             "replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": job_spec}}],
         },
     }
@@ -132,22 +92,11 @@ def gang_jobset() -> Json:
 
 
 def status(plane: ControlPlane) -> Json:
-    found: Json = plane.kubectl_json("get", "jobset.jobset.x-k8s.io", JOBSET, "-n", NAMESPACE).get(
-        "status", {}
-    )
-    return found
+    return jobset_status(plane, JOBSET, NAMESPACE)
 
 
 def workers(plane: ControlPlane, attempt: int) -> list[Json]:
-    pods: list[Json] = plane.kubectl_json(
-        "get",
-        "pods",
-        "-n",
-        NAMESPACE,
-        "-l",
-        f"jobset.sigs.k8s.io/jobset-name={JOBSET},{RESTARTS_LABEL}={attempt}",
-    )["items"]
-    return [pod for pod in pods if not pod["metadata"].get("deletionTimestamp")]
+    return attempt_pods(plane, JOBSET, NAMESPACE, attempt)
 
 
 def wait(what: str, ready: Callable[[], bool], process: Process) -> float:
