@@ -72,10 +72,6 @@ def parse_path(text: str) -> Path:
     return tuple(steps)
 
 
-def render_path(path: Path) -> str:
-    return ".".join(path).replace(f".{EACH_ITEM}", EACH_ITEM)
-
-
 _TEMPLATE = ("template",)
 BUILTIN_KINDS: tuple[WorkloadKind, ...] = (
     WorkloadKind("", ("v1",), "Pod", "pods", core=True),

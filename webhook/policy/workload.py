@@ -47,8 +47,8 @@ class Workload:
     obj: JSON
     pod_spec: JSON
     job_spec: JSON | None
-    namespace: str | None = None
-    workload_kind: WorkloadKind = BUILTIN.kinds[0]
+    namespace: str | None
+    workload_kind: WorkloadKind
     site: Site | None = None  # None for a pod
 
     @property
