@@ -60,13 +60,10 @@ _WORKLOADS: dict[tuple[str, str], tuple[str, str, str, str]] = {
 WORKLOAD_KINDS = tuple(_WORKLOADS)
 
 
-def _each(source: ResourceListWatch, what: str, *, absent_ok: bool = False) -> Iterator[dict[str, Any]]:
+def _each(source: ResourceListWatch, what: str) -> Iterator[dict[str, Any]]:
     try:
         for page in paged(source):
             yield from page.items
-    except NotServedError:
-        if not absent_ok:
-            raise
     except ExpiredError as exc:
         # A continue token lives about five minutes: only a consumer that stalls that long meets this.
         raise RuntimeError(f"the list of {what} expired while it was read ({exc}): run again") from exc
@@ -92,20 +89,28 @@ class ClusterReader:
             source = ResourceListWatch(getattr(typed, all_namespaces))
         else:
             source = ResourceListWatch(getattr(typed, one_namespace), namespace=namespace)
-        yield from self._items(source, api_version, kind, resource, namespace, absent_ok=False)
+        yield from self._items(source, api_version, kind, resource, namespace)
 
     def custom_workloads(self, kind: WorkloadKind, namespace: str | None = None) -> Iterator[dict[str, Any]]:
-        """Every object of a custom resource kind, listed at its first version; nothing when the cluster
-        does not serve it (its CRD is not installed)."""
+        """Every object of a custom resource kind, at the first of its versions the cluster serves;
+        nothing when it serves none (its CRD is not installed). MPIJob is kubeflow.org/v1 under the
+        training operator and v2beta1 under mpi-operator."""
         custom = client.CustomObjectsApi(self.api)
-        common: dict[str, Any] = {"group": kind.group, "version": kind.versions[0], "plural": kind.resource}
-        if namespace is None:
-            source = ResourceListWatch(custom.list_cluster_custom_object, **common)
-        else:
-            source = ResourceListWatch(custom.list_namespaced_custom_object, namespace=namespace, **common)
-        api_version = f"{kind.api_group}{kind.versions[0]}"
         resource = f"{kind.resource}.{kind.group}"
-        yield from self._items(source, api_version, kind.kind, resource, namespace, absent_ok=True)
+        for version in kind.versions:
+            arguments: dict[str, Any] = {"group": kind.group, "version": version, "plural": kind.resource}
+            call: Callable[..., Any] = custom.list_cluster_custom_object
+            if namespace is not None:
+                call, arguments["namespace"] = custom.list_namespaced_custom_object, namespace
+            try:
+                ResourceListWatch(call, page_size=1, **arguments).list_page(None)  # served at all?
+            except NotServedError:
+                continue
+            api_version = f"{kind.api_group}{version}"
+            yield from self._items(
+                ResourceListWatch(call, **arguments), api_version, kind.kind, resource, namespace
+            )
+            return
 
     def _items(
         self,
@@ -114,14 +119,12 @@ class ClusterReader:
         kind: str,
         resource: str,
         namespace: str | None,
-        *,
-        absent_ok: bool,
     ) -> Iterator[dict[str, Any]]:
         what = (
             f"{resource} in all namespaces" if namespace is None else f"{resource} in namespace {namespace}"
         )
         count = 0
-        for item in _each(source, what, absent_ok=absent_ok):
+        for item in _each(source, what):
             item.setdefault("apiVersion", api_version)
             item.setdefault("kind", kind)
             # Often half an object, read by no rule, and copied by every mutation the engine tries.
