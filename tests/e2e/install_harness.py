@@ -305,7 +305,22 @@ CRD_FILE = Path(__file__).resolve().parent / "crds" / "wgpolicyk8s.io-v1alpha2.y
 def install_crds(plane: ControlPlane, path: Path) -> dict[str, Any]:
     """Applies the CRDs in `path` and waits until the API server serves them; returns them."""
     crds: dict[str, Any] = yaml.safe_load(path.read_text())
-    plane.kubectl("apply", "-f", "-", input=json.dumps(crds))
-    names = [f"crd/{crd['metadata']['name']}" for crd in crds["items"]]
-    plane.kubectl("wait", "--for=condition=Established", *names, "--timeout=30s")
+    # Server-side: a client-side apply keeps the whole object in an annotation, which JobSet's CRD
+    # (a pod template schema per replicated Job) overflows.
+    plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crds))
+    names = [crd["metadata"]["name"] for crd in crds["items"]]
+
+    def established() -> bool:
+        # Polled: `kubectl wait` fails outright on a CRD whose status has no conditions yet.
+        listed = plane.kubectl_json("get", "crd", *names)
+        found = listed.get("items", [listed])
+        return all(
+            any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in crd.get("status", {}).get("conditions") or []
+            )
+            for crd in found
+        )
+
+    wait_until(established, timeout=30, what=f"CRDs {', '.join(names)} established")
     return crds

@@ -107,7 +107,7 @@ def test_rules_that_do_not_apply_are_skipped_with_a_reason(policy: Policy) -> No
     skipped = deployment.result("podFailurePolicy")
     assert skipped is not None and (skipped.verdict, skipped.messages) == (
         "skip",
-        ("Jobs and CronJobs only",),
+        ("Jobs, CronJobs, JobSets and LeaderWorkerSets only",),
     )
     off = make_policy({"rules": {"priority": {"mode": "off"}}})
     result = findings.evaluate(placed(job()), off, FACTS)

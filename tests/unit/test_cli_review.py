@@ -119,7 +119,9 @@ def test_from_manifest_core_kinds_have_no_group() -> None:
 def test_from_manifest_takes_one_object(gpuguard: Gpuguard) -> None:
     run = gpuguard("review", "--from-manifest", str(EXAMPLES))
     assert run.code == 2
-    assert "holds 4 objects; an AdmissionReview carries exactly one" in run.err
+    objects = len(inputs.read_manifests([str(EXAMPLES)]))
+    assert objects > 1
+    assert f"holds {objects} objects; an AdmissionReview carries exactly one" in run.err
 
 
 def test_the_checked_in_sample_is_what_from_manifest_makes(gpuguard: Gpuguard) -> None:

@@ -76,7 +76,9 @@ _JOB_SPEC: FieldTree = {
     "completionMode": None,
     "template": {"metadata": {"annotations": None}, "spec": _POD_SPEC},
 }
-# One tree for every kind (workload.POD_SPEC_PATHS): a key a kind does not have is simply not there.
+# One tree for every core kind (kinds.BUILTIN_KINDS): a key a kind does not have is simply not there.
+# Custom resources (JobSets, Ray clusters, a policy's own kinds) keep their templates anywhere: their
+# objects are decoded whole.
 RULE_FIELDS: FieldTree = {
     "apiVersion": None,
     "kind": None,
@@ -198,10 +200,22 @@ def rejected(
     return Answer(body, allowed=False, summary={"uid": uid, "error": message, "code": code}, error=True)
 
 
-def _decode(body: bytes | bytearray) -> tuple[Any, bool]:
+def _of_core_kind(review: Any, policy: Policy) -> bool:
+    """Whether the review's objects are of a kind RULE_FIELDS describes (anything else is decoded whole)."""
+    kind = as_dict((as_dict((as_dict(review) or {}).get("request")) or {}).get("kind")) or {}
+    group, name = kind.get("group"), kind.get("kind")
+    found = (
+        policy.workload_kinds.get(group, name) if isinstance(group, str) and isinstance(name, str) else None
+    )
+    return found is None or found.core
+
+
+def _decode(body: bytes | bytearray, policy: Policy) -> tuple[Any, bool]:
     """The review, and whether its objects are already cut down to RULE_FIELDS."""
     try:
-        return _PARTIAL.decode(body), True
+        partial = _PARTIAL.decode(body)
+        if _of_core_kind(partial, policy):
+            return partial, True
     except NotPartial:
         pass  # decoded whole below: the same review, or the error a user can read
     try:
@@ -210,8 +224,8 @@ def _decode(body: bytes | bytearray) -> tuple[Any, bool]:
         raise BadReview(f"body is not JSON: {exc}", uid_in(bytes(body[:UID_SCAN_BYTES]))) from exc
 
 
-def _parse(body: bytes | bytearray) -> tuple[str, dict[str, Any], bool]:
-    review, narrowed = _decode(body)
+def _parse(body: bytes | bytearray, policy: Policy) -> tuple[str, dict[str, Any], bool]:
+    review, narrowed = _decode(body, policy)
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")
     request = as_dict(review.get("request"))
@@ -256,11 +270,11 @@ def review(
 ) -> Answer:
     """Answers one AdmissionReview for /mutate or /validate."""
     try:
-        api_version, request, narrowed = _parse(body)
+        api_version, request, narrowed = _parse(body, policy)
     except BadReview as exc:
         return rejected(str(exc), uid=exc.uid)
     uid: str = request["uid"]
-    if not narrowed:
+    if not narrowed and _of_core_kind({"request": request}, policy):
         for key in ("object", "oldObject"):
             if key in request:
                 request[key] = narrow(request[key], RULE_FIELDS)

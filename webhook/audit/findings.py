@@ -21,7 +21,7 @@ from typing import Literal
 from webhook.policy import engine, rules
 from webhook.policy.facts import ClusterFacts
 from webhook.policy.model import MUTATING_RULES, RULE_IDS, Mode, Policy, RuleId
-from webhook.policy.workload import JSON, Workload, as_dict, dicts, locate, text
+from webhook.policy.workload import JSON, Workload, as_dict, dicts, locate, locate_all, text
 
 # change: a rule would edit the object; deny: the guard would refuse it; warn: a notice only.
 Verdict = Literal["change", "deny", "warn", "pass", "skip"]
@@ -118,22 +118,24 @@ def _verdict(decisions: Iterable[engine.Decision]) -> Verdict:
 
 
 def _skip_reason(
-    rule: RuleId, workload: Workload, policy: Policy, mutated: engine.Result, guarded: bool
+    rule: RuleId, views: list[Workload], policy: Policy, mutated: engine.Result, guarded: bool
 ) -> str | None:
     """Why a rule that decided nothing does not apply to the workload; None when it simply passed."""
     if rule in MUTATING_RULES and mutated.skipped is not None:
         return mutated.skipped
-    if rule == "podFailurePolicy" and workload.job_spec is None:
-        return "Jobs and CronJobs only"
+    if rule == "podFailurePolicy" and all(
+        view.job_spec is None and view.workload_kind.gang != "group" for view in views
+    ):
+        return "Jobs, CronJobs, JobSets and LeaderWorkerSets only"
     if rule == GUARD and not guarded:
         return "not bound for accelerator nodes"
     if rule == "driverCompatibility":
-        if workload.is_daemonset:
+        if views[0].is_daemonset:
             return "DaemonSets run on every node"
-        if not rules.driver_rule_applies(workload, policy.rules.driverCompatibility):
+        if not any(rules.driver_rule_applies(view, policy.rules.driverCompatibility) for view in views):
             return "states no driver version it needs"
     if rule == "trustedDeviceSoftware" and not any(
-        rules.device_software(workload, policy.rules.trustedDeviceSoftware)
+        any(rules.device_software(view, policy.rules.trustedDeviceSoftware)) for view in views
     ):
         return "mounts no device software's host paths"
     return None
@@ -142,14 +144,16 @@ def _skip_reason(
 def evaluate(obj: JSON, policy: Policy, facts: ClusterFacts) -> Finding | None:
     """One object's finding, or None when no rule has anything to say about it (a CPU workload bound
     for no accelerator node, a DaemonSet running no untrusted device software, an exempt pod)."""
-    workload = locate(obj, daemonsets=True)
-    if workload is None:
+    views = locate_all(obj, daemonsets=True, kinds=policy.workload_kinds)
+    if not views:
         return None
-    namespace = workload.namespace
+    namespace = views[0].namespace
     mutated = engine.mutate(obj, policy, namespace=namespace, facts=facts)
     # The validating webhook sees the object after every mutating webhook: validate the mutated copy.
     validated = engine.validate(mutated.obj, policy, namespace=namespace, facts=facts)
-    guarded = not workload.is_daemonset and bool(rules.accelerator_node_reasons(workload, policy, facts))
+    guarded = not views[0].is_daemonset and any(
+        rules.accelerator_node_reasons(view, policy, facts) for view in views
+    )
     if mutated.skipped is not None and not guarded and not validated.decisions:
         return None
     labels = facts.labels_of(namespace)
@@ -158,7 +162,7 @@ def evaluate(obj: JSON, policy: Policy, facts: ClusterFacts) -> Finding | None:
     for rule in RULE_IDS:
         mode = policy.mode_for(rule, namespace, labels)
         mine = [d for d in decisions if d.rule == rule]
-        reason = _skip_reason(rule, workload, policy, mutated, guarded)
+        reason = _skip_reason(rule, views, policy, mutated, guarded)
         if mode == "off":
             results.append(RuleResult(rule, "skip", mode, (f"off in namespace {namespace}",)))
         elif not mine and reason is not None:

@@ -17,6 +17,11 @@ def scan(reader: ClusterReader, policy: Policy, *, namespace: str | None = None)
     """Every workload (in `namespace`, or everywhere), judged with `policy` and the facts read first.
     Accelerator nodes are checked in a cluster-wide audit only."""
     auditor = findings.Auditor(policy, reader.facts())
+    # Custom kinds first: they own the Jobs, StatefulSets and pods that fold into them.
+    for custom in policy.workload_kinds.kinds:
+        if not custom.core:
+            for obj in reader.custom_workloads(custom, namespace):
+                auditor.add(obj)
     for group, kind in findings.KIND_ORDER:
         for obj in reader.workloads(group, kind, namespace):
             auditor.add(obj)

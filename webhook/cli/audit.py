@@ -123,7 +123,8 @@ def register(commands: output.Commands) -> None:
         commands,
         "audit",
         help="judge what already runs in a cluster, as admission would; optionally write PolicyReports",
-        description="Lists Pods, Jobs, CronJobs, Deployments, StatefulSets, ReplicaSets and DaemonSets and"
+        description="Lists Pods, Jobs, CronJobs, Deployments, StatefulSets, ReplicaSets and DaemonSets (and"
+        " JobSets, LeaderWorkerSets, Kubeflow, Ray and Volcano jobs where their CRDs are installed) and"
         " runs each through the engine as admission would (mutate, then validate the result), with the"
         " live policy and cluster facts; pods are reported through the workload that owns them. A"
         " cluster-wide audit also checks accelerator nodes for a taint and for low-priority pods on them.",

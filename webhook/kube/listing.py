@@ -17,6 +17,7 @@ from webhook.kube import facts
 from webhook.kube.client import AccessError, ResourceListWatch, metadata_of
 from webhook.kube.informer import Converter, ExpiredError, NotServedError, paged
 from webhook.policy.facts import ClusterFacts
+from webhook.policy.kinds import WorkloadKind
 
 # Called after each page with the resource and how many of its objects were read so far.
 OnPage = Callable[[str, int], None]
@@ -86,10 +87,42 @@ class ClusterReader:
         typed = self._typed[group]
         if namespace is None:
             source = ResourceListWatch(getattr(typed, all_namespaces))
-            what = f"{resource} in all namespaces"
         else:
             source = ResourceListWatch(getattr(typed, one_namespace), namespace=namespace)
-            what = f"{resource} in namespace {namespace}"
+        yield from self._items(source, api_version, kind, resource, namespace)
+
+    def custom_workloads(self, kind: WorkloadKind, namespace: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every object of a custom resource kind, at the first of its versions the cluster serves;
+        nothing when it serves none (its CRD is not installed). MPIJob is kubeflow.org/v1 under the
+        training operator and v2beta1 under mpi-operator."""
+        custom = client.CustomObjectsApi(self.api)
+        resource = f"{kind.resource}.{kind.group}"
+        for version in kind.versions:
+            arguments: dict[str, Any] = {"group": kind.group, "version": version, "plural": kind.resource}
+            call: Callable[..., Any] = custom.list_cluster_custom_object
+            if namespace is not None:
+                call, arguments["namespace"] = custom.list_namespaced_custom_object, namespace
+            try:
+                ResourceListWatch(call, page_size=1, **arguments).list_page(None)  # served at all?
+            except NotServedError:
+                continue
+            api_version = f"{kind.api_group}{version}"
+            yield from self._items(
+                ResourceListWatch(call, **arguments), api_version, kind.kind, resource, namespace
+            )
+            return
+
+    def _items(
+        self,
+        source: ResourceListWatch,
+        api_version: str,
+        kind: str,
+        resource: str,
+        namespace: str | None,
+    ) -> Iterator[dict[str, Any]]:
+        what = (
+            f"{resource} in all namespaces" if namespace is None else f"{resource} in namespace {namespace}"
+        )
         count = 0
         for item in _each(source, what):
             item.setdefault("apiVersion", api_version)

@@ -16,9 +16,11 @@ from typing import Any, Literal
 
 from webhook.policy.facts import NO_FACTS, ClusterFacts
 from webhook.policy.fields import FieldTree, Subtree
+from webhook.policy.gangs import GROUP_MUTATORS
+from webhook.policy.kinds import WorkloadKind
 from webhook.policy.model import Mode, Policy, RuleId
 from webhook.policy.rules import MUTATORS, VALIDATORS, Report
-from webhook.policy.workload import JSON, Workload, accelerator_requests, as_dict, locate
+from webhook.policy.workload import JSON, Workload, accelerator_requests, as_dict, locate_all
 
 RULES_ANNOTATION = "gpuguard.io/rules"
 POLICY_ANNOTATION = "gpuguard.io/policy"
@@ -122,32 +124,45 @@ def copy_written(value: Any, fields: Subtree = WRITTEN_FIELDS) -> Any:
     return copied
 
 
+def copy_for_rules(obj: JSON, kind: WorkloadKind) -> JSON:
+    """A copy the rules may edit: of the written fields for core kinds, of everything for the others
+    (custom resources are rare at admission and hold their templates anywhere)."""
+    result: JSON = copy_written(obj) if kind.core else clone(obj)
+    return result
+
+
 def _mutation_skip_reason(
-    workload: Workload | None, policy: Policy, operation: str, facts: ClusterFacts
+    views: list[Workload], policy: Policy, operation: str, facts: ClusterFacts
 ) -> str | None:
     if not policy.enabled:
         return "policy disabled"
     if operation != "CREATE":
         return f"{operation} is never mutated"
-    if workload is None:
+    if not views:
         return "kind not handled"
+    workload = views[0]
+    owner = workload.controller_kind()
     if workload.is_pod:
-        owner = workload.controller_kind()
         if owner == "DaemonSet":
             return "DaemonSet pod"
         if owner == "Job":
             return "pod of a Job: handled through the Job's template"
         if workload.is_mirror_pod():
             return "mirror pod"
-    if not accelerator_requests(workload, policy.accelerators, facts):
+    elif policy.workload_kinds.owns_templates_of(owner):
+        # A second pass would add rules contradicting those its owner's template was given (a gang's
+        # FailJob next to a lone pod's Ignore).
+        return f"made from its {owner}'s template: handled there"
+    if not any(accelerator_requests(view, policy.accelerators, facts) for view in views):
         return "not an accelerator workload"
     return None
 
 
-def _decisions(rule: RuleId, mode: Mode, report: Report, *, denial: bool) -> list[Decision]:
+def _decisions(rule: RuleId, mode: Mode, report: Report, *, denial: bool, label: str = "") -> list[Decision]:
     outcome = OUTCOME_FOR_MODE[(denial, mode)]
-    return [Decision(rule, mode, outcome, change) for change in report.changes] + [
-        Decision(rule, mode, "notice", notice) for notice in report.notices
+    prefix = f"{label}: " if label else ""
+    return [Decision(rule, mode, outcome, prefix + change) for change in report.changes] + [
+        Decision(rule, mode, "notice", prefix + notice) for notice in report.notices
     ]
 
 
@@ -164,6 +179,25 @@ def _mark(obj: JSON, applied: list[RuleId], policy: Policy) -> None:
     annotations[POLICY_ANNOTATION] = policy.hash
 
 
+def _accelerator_views(obj: JSON, like: Workload, policy: Policy, wanted: list[int]) -> list[Workload]:
+    """The views of `obj` (a copy of the located object) at the positions `wanted`."""
+    views = locate_all(
+        obj, group=like.group, kind=like.kind, namespace=like.namespace, kinds=policy.workload_kinds
+    )
+    return [views[index] for index in wanted]
+
+
+def _run(
+    rule: RuleId, views: list[Workload], policy: Policy, facts: ClusterFacts
+) -> list[tuple[str, Report]]:
+    """The rule on each template, then on the object as a whole; each report with its template's label."""
+    reports = [(view.label, MUTATORS[rule](view, policy, facts)) for view in views]
+    group = GROUP_MUTATORS.get(rule)
+    if group is not None:
+        reports.append(("", group(views, policy, facts)))
+    return reports
+
+
 def mutate(
     obj: Any,
     policy: Policy,
@@ -175,33 +209,37 @@ def mutate(
     facts: ClusterFacts | None = None,
 ) -> Result:
     facts = facts or NO_FACTS
-    workload = locate(obj, group=group, kind=kind, namespace=namespace) if isinstance(obj, dict) else None
-    skipped = _mutation_skip_reason(workload, policy, operation, facts)
-    if skipped is not None or workload is None:
+    views = (
+        locate_all(obj, group=group, kind=kind, namespace=namespace, kinds=policy.workload_kinds)
+        if isinstance(obj, dict)
+        else []
+    )
+    skipped = _mutation_skip_reason(views, policy, operation, facts)
+    if skipped is not None:
         return Result(obj, obj, skipped=skipped)
 
-    working = copy_written(obj)
-    view = locate(working, group=workload.group, kind=workload.kind, namespace=workload.namespace)
-    assert view is not None  # the clone has the same shape as the object that located
-    modes = policy.modes_for(workload.namespace, facts.labels_of(workload.namespace))
+    first = views[0]
+    # Templates that ask for no accelerator (a CPU launcher or Ray head) are left as they are.
+    wanted = [i for i, view in enumerate(views) if accelerator_requests(view, policy.accelerators, facts)]
+    working = copy_for_rules(obj, first.workload_kind)
+    located = _accelerator_views(working, first, policy, wanted)
+    modes = policy.modes_for(first.namespace, facts.labels_of(first.namespace))
     decisions: list[Decision] = []
     applied: list[RuleId] = []
-    for rule, mutator in MUTATORS.items():
+    for rule in MUTATORS:
         mode = modes[rule]
         if mode == "off":
             continue
         if mode == "enforce":
-            report = mutator(view, policy, facts)
-            if report.changes:
+            reports = _run(rule, located, policy, facts)
+            if any(report.changes for _, report in reports):
                 applied.append(rule)
         else:
             # Dry-run modes compute the change on a scratch copy and keep only the description.
-            scratch = locate(
-                copy_written(working), group=workload.group, kind=workload.kind, namespace=workload.namespace
-            )
-            assert scratch is not None
-            report = mutator(scratch, policy, facts)
-        decisions += _decisions(rule, mode, report, denial=False)
+            scratch = copy_for_rules(working, first.workload_kind)
+            reports = _run(rule, _accelerator_views(scratch, first, policy, wanted), policy, facts)
+        for label, report in reports:
+            decisions += _decisions(rule, mode, report, denial=False, label=label)
 
     if not applied:
         return Result(obj, obj, tuple(decisions))
@@ -220,24 +258,31 @@ def validate(
     old: Any = None,
     facts: ClusterFacts | None = None,
 ) -> Result:
-    """Every validating rule on `obj`; on UPDATE each rule sees `old` too, to deny only what changed."""
+    """Every validating rule on each of `obj`'s templates; on UPDATE each rule sees the same template
+    of `old` too, to deny only what changed."""
     facts = facts or NO_FACTS
-    workload = (
-        locate(obj, group=group, kind=kind, namespace=namespace, daemonsets=True)
+    kinds = policy.workload_kinds
+    views = (
+        locate_all(obj, group=group, kind=kind, namespace=namespace, daemonsets=True, kinds=kinds)
         if isinstance(obj, dict)
-        else None
+        else []
     )
-    if operation not in ("CREATE", "UPDATE") or workload is None:
+    if operation not in ("CREATE", "UPDATE") or not views:
         return Result(obj, obj, skipped="nothing to validate")
-    previous = None
+    first = views[0]
+    previous: dict[str, Workload] = {}
     if operation == "UPDATE" and isinstance(old, dict):
-        previous = locate(
-            old, group=workload.group, kind=workload.kind, namespace=workload.namespace, daemonsets=True
+        before = locate_all(
+            old, group=first.group, kind=first.kind, namespace=first.namespace, daemonsets=True, kinds=kinds
         )
-    modes = policy.modes_for(workload.namespace, facts.labels_of(workload.namespace))
+        previous = {view.label: view for view in before}
+    modes = policy.modes_for(first.namespace, facts.labels_of(first.namespace))
     decisions: list[Decision] = []
     for rule, validator in VALIDATORS.items():
         mode = modes[rule]
-        if mode != "off":
-            decisions += _decisions(rule, mode, validator(workload, previous, policy, facts), denial=True)
+        if mode == "off":
+            continue
+        for view in views:
+            report = validator(view, previous.get(view.label), policy, facts)
+            decisions += _decisions(rule, mode, report, denial=True, label=view.label)
     return Result(obj, obj, tuple(decisions))

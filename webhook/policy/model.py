@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from webhook.policy import hostpaths, images
+from webhook.policy import hostpaths, images, kinds
 from webhook.policy.loader import PolicyTextError, load_policy_yaml
 
 Mode = Literal["enforce", "warn", "audit", "off"]
@@ -77,6 +77,7 @@ MAX_PATTERNS = 256
 MAX_NAMESPACE_ENTRIES = 1_000
 MAX_NAMESPACE_NAMES = 10_000
 MAX_PRIORITY_CLASSES = 1_000
+MAX_WORKLOAD_KINDS = 100
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # The key of the policy ConfigMap that holds the policy YAML.
@@ -224,12 +225,23 @@ class ReadinessTolerations(_Rule):
     apiServerDefaultSeconds: int = Field(ge=0, le=MAX_SECONDS)
 
 
+GangChoice = Literal["auto", "always", "never"]
+
+
+class Gangs(_Model):
+    # auto: a JobSet running more than one pod in all is a gang.
+    jobSets: GangChoice
+    # auto: an Indexed Job whose parallelism (> 1) equals its completions, every member at once.
+    indexedJobs: GangChoice
+
+
 class PodFailurePolicyRule(_Rule):
     deviceFailureExitCodes: ExitCodes = Field(max_length=255)
     deviceFailureAction: Literal["Count", "FailJob", "FailIndex", "Ignore"]
     nonRetriableExitCodes: ExitCodes = Field(max_length=255)
     ignoreDisruptions: bool
     onFailureJobs: Literal["skip", "convert"]
+    gang: Gangs
 
     @model_validator(mode="after")
     def _codes_disjoint(self) -> PodFailurePolicyRule:
@@ -331,6 +343,35 @@ class DriverCompatibility(_Rule):
     images: list[ImageDriverRequirement] = Field(max_length=MAX_PATTERNS)
     nodeLabels: DriverNodeLabels
     multiNode: MultiNode
+
+
+TemplatePath = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class CustomWorkloadKind(_Model):
+    """A kind gpuguard does not know, with where its pod templates are (kinds.parse_path's syntax)."""
+
+    group: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+    version: Annotated[str, Field(min_length=1, max_length=63)]
+    kind: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Z][A-Za-z0-9]*$")]
+    # The plural the API serves it under: the audit lists it by this name.
+    resource: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z][a-z0-9]*$")]
+    podTemplates: list[TemplatePath] = Field(default_factory=list, max_length=16)
+    batch: bool = False
+
+    @model_validator(mode="after")
+    def _paths_parse(self) -> CustomWorkloadKind:
+        if not self.podTemplates:
+            raise ValueError(f"{self.kind}: podTemplates names no template")
+        for path in self.podTemplates:
+            kinds.parse_path(path)
+        return self
+
+    def workload_kind(self) -> kinds.WorkloadKind:
+        paths = tuple(kinds.parse_path(path) for path in self.podTemplates)
+        return kinds.WorkloadKind(
+            self.group, (self.version,), self.kind, self.resource, pod_templates=paths, batch=self.batch
+        )
 
 
 class Rules(_Model):
@@ -553,9 +594,28 @@ class Policy(_Model):
         Field(max_length=MAX_PRIORITY_CLASSES)
     )
     namespaces: list[NamespaceOverride] = Field(max_length=MAX_NAMESPACE_ENTRIES)
+    workloadKinds: list[CustomWorkloadKind] = Field(max_length=MAX_WORKLOAD_KINDS)
     health: Health
     audit: Audit
     _hash: str = PrivateAttr(default="")
+
+    @model_validator(mode="after")
+    def _workload_kinds_new(self) -> Policy:
+        seen = {(kind.group, kind.kind) for kind in kinds.BUILTIN_KINDS}
+        for index, custom in enumerate(self.workloadKinds):
+            if (custom.group, custom.kind) in seen:
+                raise ValueError(
+                    f"workloadKinds[{index}]: {custom.kind}.{custom.group} is built in or listed twice"
+                )
+            seen.add((custom.group, custom.kind))
+        return self
+
+    @cached_property
+    def workload_kinds(self) -> kinds.Registry:
+        """The kinds gpuguard handles: the built-in ones and the policy's own."""
+        if not self.workloadKinds:
+            return kinds.BUILTIN
+        return kinds.Registry((*kinds.BUILTIN_KINDS, *(k.workload_kind() for k in self.workloadKinds)))
 
     @property
     def hash(self) -> str:

@@ -119,48 +119,117 @@ def _has_disruption_rule(rules: list[JSON]) -> bool:
     )
 
 
-def pod_failure_policy(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
-    rule = policy.rules.podFailurePolicy
-    report = Report()
+GANG_ANNOTATION = "gpuguard.io/gang"
+
+
+def _integer(value: object, default: int) -> int | None:
+    if value is None:
+        return default
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def jobset_pods(obj: JSON) -> int:
+    """How many pods a JobSet runs at once: replicas times parallelism, over its replicated Jobs."""
+    total = 0
+    for replicated in dicts((as_dict(obj.get("spec")) or {}).get("replicatedJobs")):
+        job_spec = as_dict((as_dict(replicated.get("template")) or {}).get("spec")) or {}
+        replicas = _integer(replicated.get("replicas"), 1) or 0
+        total += replicas * (_integer(job_spec.get("parallelism"), 1) or 0)
+    return total
+
+
+def is_gang(workload: Workload, policy: Policy) -> bool:
+    """Whether the pods of this Job only work together, so that one's device failure must fail the Job."""
     job = workload.job_spec
     if job is None:
-        return report
+        return False
+    job_template_metadata = workload.site.job_template_metadata if workload.site is not None else None
+    for metadata in (job_template_metadata, workload.metadata):
+        stated = text((as_dict((metadata or {}).get("annotations")) or {}).get(GANG_ANNOTATION))
+        if stated in ("true", "false"):
+            return stated == "true"
+    choice = policy.rules.podFailurePolicy.gang
+    if workload.workload_kind.gang == "jobset":
+        return choice.jobSets == "always" or (choice.jobSets == "auto" and jobset_pods(workload.obj) > 1)
+    parallelism = _integer(job.get("parallelism"), 1)
+    if job.get("completionMode") != "Indexed" or parallelism is None or parallelism <= 1:
+        return False
+    if choice.indexedJobs == "auto":
+        return _integer(job.get("completions"), parallelism) == parallelism
+    return choice.indexedJobs == "always"
+
+
+@dataclass
+class JobRules:
+    """What `job_failure_rules` did, and the indexes of the rules it added by what they mean: a Job
+    failed by a rule in `restart` failed for a device or a disruption, one in `fail` for good."""
+
+    report: Report = field(default_factory=Report)
+    restart: list[int] = field(default_factory=list)
+    fail: list[int] = field(default_factory=list)
+
+
+def job_failure_rules(workload: Workload, policy: Policy, *, gang: bool) -> JobRules:
+    """Adds the device-failure rules to the Job's podFailurePolicy after the user's own.
+
+    A gang's Job fails at once (FailJob) on a disruption or a device exit code, so its group restarts
+    together instead of hanging on the one pod a replacement would start alone.
+    """
+    rule = policy.rules.podFailurePolicy
+    done = JobRules()
+    report = done.report
+    job = workload.job_spec
+    if job is None:
+        return done
     restart_policy = workload.pod_spec.get("restartPolicy")
-    if restart_policy == "OnFailure":
+    if restart_policy is None and workload.workload_kind.gang == "jobset":
+        # JobSet's own webhook would default it to OnFailure, which allows no podFailurePolicy; the
+        # user chose nothing, and Never only makes each container restart a new pod.
+        workload.pod_spec["restartPolicy"] = "Never"
+        report.changes.append(
+            "set restartPolicy Never (JobSet defaults OnFailure, which allows no podFailurePolicy)"
+        )
+    elif restart_policy == "OnFailure":
         if rule.onFailureJobs == "skip":
             report.notices.append(
                 "podFailurePolicy skipped: it needs restartPolicy Never, this Job has OnFailure"
             )
-            return report
+            return done
         workload.pod_spec["restartPolicy"] = "Never"
         report.changes.append("convert restartPolicy OnFailure to Never")
     elif restart_policy != "Never":
-        return report  # invalid for a Job: the API server's own validation answers that
+        return done  # invalid for a Job: the API server's own validation answers that
 
     existing_policy = job.get("podFailurePolicy")
     if existing_policy is not None and not isinstance(existing_policy, dict):
-        return report
+        return done
     existing: Any = (existing_policy or {}).get("rules") or []
     if not isinstance(existing, list):
-        return report
+        return done
     existing_rules = list(dicts(existing))
 
-    wanted: list[JSON] = []
+    wanted: list[tuple[JSON, bool]] = []  # each rule, and whether it means "restart the gang"
     if rule.ignoreDisruptions and not _has_disruption_rule(existing_rules):
         wanted.append(
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+            (
+                {
+                    "action": "FailJob" if gang else "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
+                True,
+            )
         )
     covered = _covered_exit_codes(existing_rules)
-    device_action = rule.deviceFailureAction
+    device_action = "FailJob" if gang else rule.deviceFailureAction
     if device_action == "FailIndex" and job.get("backoffLimitPerIndex") is None:
         device_action = "Count"  # FailIndex is only valid with backoffLimitPerIndex
-    for codes, action in (
-        (rule.deviceFailureExitCodes, device_action),
-        (rule.nonRetriableExitCodes, "FailJob"),
+    for codes, action, restarts in (
+        (rule.deviceFailureExitCodes, device_action, True),
+        (rule.nonRetriableExitCodes, "FailJob", False),
     ):
         values = [code for code in codes if code not in covered]
         if values:
-            wanted.append({"action": action, "onExitCodes": {"operator": "In", "values": values}})
+            wanted.append(({"action": action, "onExitCodes": {"operator": "In", "values": values}}, restarts))
 
     room = MAX_POD_FAILURE_POLICY_RULES - len(existing)
     if len(wanted) > room:
@@ -170,14 +239,31 @@ def pod_failure_policy(workload: Workload, policy: Policy, _: ClusterFacts) -> R
         )
         wanted = wanted[: max(room, 0)]
     if not wanted:
-        return report
+        return done
     # The user's rules stay first: rules are evaluated in order and theirs were written on purpose.
-    job["podFailurePolicy"] = {**(existing_policy or {}), "rules": [*existing, *wanted]}
+    job["podFailurePolicy"] = {**(existing_policy or {}), "rules": [*existing, *(r for r, _ in wanted)]}
     # The API server defaulted podReplacementPolicy to TerminatingOrFailed when there was no
     # podFailurePolicy; with one, only Failed is valid, and re-defaulting keeps a value already set.
     job["podReplacementPolicy"] = "Failed"
-    report.changes.append(f"add {len(wanted)} podFailurePolicy rule(s) for disruptions and device exit codes")
-    return report
+    for index, (added, restarts) in enumerate(wanted, start=len(existing)):
+        if added["action"] == "FailJob":
+            (done.restart if restarts else done.fail).append(index)
+    what = (
+        "FailJob rule(s) for disruptions and device exit codes (a gang)"
+        if gang
+        else "podFailurePolicy rule(s) for disruptions and device exit codes"
+    )
+    report.changes.append(f"add {len(wanted)} {what}")
+    return done
+
+
+def pod_failure_policy(workload: Workload, policy: Policy, _: ClusterFacts) -> Report:
+    if workload.job_spec is None:
+        return Report()
+    gang = is_gang(workload, policy)
+    if gang and workload.workload_kind.gang == "jobset":
+        return Report()  # the JobSet's replicated Jobs and its failurePolicy change together (gangs.py)
+    return job_failure_rules(workload, policy, gang=gang).report
 
 
 # --- rule 3: graceful termination ---------------------------------------------------------------------

@@ -11,27 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.policy.facts import NO_FACTS, ClusterFacts
+from webhook.policy.kinds import BUILTIN, DAEMONSET, Registry, Site, WorkloadKind, sites
 from webhook.policy.model import Accelerators
 
 JSON = dict[str, Any]
 
-# (API group, kind) -> path from the object to its pod template's spec; () marks the object itself a pod.
-POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("", "Pod"): ("spec",),
-    ("batch", "Job"): ("spec", "template", "spec"),
-    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template", "spec"),
-    ("apps", "Deployment"): ("spec", "template", "spec"),
-    ("apps", "StatefulSet"): ("spec", "template", "spec"),
-    ("apps", "ReplicaSet"): ("spec", "template", "spec"),
-}
-# DaemonSets are how device software ships; only trustedDeviceSoftware looks at them (`locate(daemonsets=True)`).
-DAEMONSET = ("apps", "DaemonSet")
-DAEMONSET_SPEC_PATH = ("spec", "template", "spec")
-JOB_SPEC_PATHS: dict[str, tuple[str, ...]] = {
-    "Job": ("spec",),
-    "CronJob": ("spec", "jobTemplate", "spec"),
-}
-BATCH_KINDS = frozenset(JOB_SPEC_PATHS)
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 
@@ -53,25 +37,24 @@ def dicts(value: object) -> Iterator[JSON]:
                 yield item
 
 
-def _walk(obj: JSON, path: tuple[str, ...]) -> JSON | None:
-    node: JSON | None = obj
-    for key in path:
-        if node is None:
-            return None
-        node = as_dict(node.get(key))
-    return node
-
-
 @dataclass(frozen=True)
 class Workload:
-    """A view into one object: `obj` and the dicts inside it that rules read and edit in place."""
+    """A view into one pod template of an object (a pod: the pod itself): `obj` and the dicts inside it
+    that rules read and edit in place."""
 
     group: str
     kind: str
     obj: JSON
     pod_spec: JSON
     job_spec: JSON | None
-    namespace: str | None = None
+    namespace: str | None
+    workload_kind: WorkloadKind
+    site: Site | None = None  # None for a pod
+
+    @property
+    def label(self) -> str:
+        """Which of the object's templates this is, for messages; "" when the kind has one."""
+        return self.site.label if self.site is not None else ""
 
     @property
     def is_pod(self) -> bool:
@@ -83,14 +66,14 @@ class Workload:
 
     @property
     def is_daemonset(self) -> bool:
-        return (self.group, self.kind) == DAEMONSET
+        return self.workload_kind is DAEMONSET
 
     @property
     def is_batch(self) -> bool:
         """Batch work runs to completion; serving work is restarted forever."""
         if self.is_pod:
             return bool(self.pod_spec.get("restartPolicy", "Always") != "Always")
-        return self.kind in BATCH_KINDS
+        return self.workload_kind.batch
 
     @property
     def metadata(self) -> JSON:
@@ -122,10 +105,9 @@ class Workload:
     @property
     def template_metadata(self) -> JSON:
         """The pod template's metadata; a pod's own metadata for a pod."""
-        if self.is_pod:
+        if self.site is None:
             return self.metadata
-        path = POD_SPEC_PATHS.get((self.group, self.kind), DAEMONSET_SPEC_PATH)[:-1]
-        return as_dict((_walk(self.obj, path) or {}).get("metadata")) or {}
+        return as_dict(self.site.template.get("metadata")) or {}
 
     def controller_kind(self) -> str | None:
         for ref in dicts(self.metadata.get("ownerReferences")):
@@ -150,6 +132,39 @@ def split_api_version(api_version: object) -> str:
     return api_version.split("/", 1)[0]
 
 
+def locate_all(
+    obj: JSON,
+    *,
+    group: str | None = None,
+    kind: str | None = None,
+    namespace: str | None = None,
+    daemonsets: bool = False,
+    kinds: Registry = BUILTIN,
+) -> list[Workload]:
+    """A view of each pod template of `obj`; empty for kinds gpuguard does not handle (DaemonSets unless
+    asked) and for objects without a readable template.
+
+    `namespace` is the request's: objects created by controllers often carry none in their metadata.
+    """
+    kind = kind if kind is not None else obj.get("kind")
+    group = group if group is not None else split_api_version(obj.get("apiVersion"))
+    if not isinstance(kind, str):
+        return []
+    workload_kind = kinds.get(group, kind, daemonsets=daemonsets)
+    if workload_kind is None:
+        return []
+    if namespace is None:
+        metadata = as_dict(obj.get("metadata")) or {}
+        namespace = metadata.get("namespace") if isinstance(metadata.get("namespace"), str) else None
+    if workload_kind.is_pod:
+        spec = as_dict(obj.get("spec"))
+        return [] if spec is None else [Workload(group, kind, obj, spec, None, namespace, workload_kind)]
+    return [
+        Workload(group, kind, obj, site.pod_spec, site.job_spec, namespace, workload_kind, site)
+        for site in sites(obj, workload_kind)
+    ]
+
+
 def locate(
     obj: JSON,
     *,
@@ -157,29 +172,11 @@ def locate(
     kind: str | None = None,
     namespace: str | None = None,
     daemonsets: bool = False,
+    kinds: Registry = BUILTIN,
 ) -> Workload | None:
-    """The workload view of `obj`, or None for kinds gpuguard does not handle (DaemonSets unless asked).
-
-    `namespace` is the request's: objects created by controllers often carry none in their metadata.
-    """
-    kind = kind if kind is not None else obj.get("kind")
-    group = group if group is not None else split_api_version(obj.get("apiVersion"))
-    if not isinstance(kind, str):
-        return None
-    path = POD_SPEC_PATHS.get((group, kind))
-    if path is None and daemonsets and (group, kind) == DAEMONSET:
-        path = DAEMONSET_SPEC_PATH
-    if path is None:
-        return None
-    pod_spec = _walk(obj, path)
-    if pod_spec is None:
-        return None
-    job_path = JOB_SPEC_PATHS.get(kind)
-    job_spec = _walk(obj, job_path) if job_path and group == "batch" else None
-    if namespace is None:
-        metadata = as_dict(obj.get("metadata")) or {}
-        namespace = metadata.get("namespace") if isinstance(metadata.get("namespace"), str) else None
-    return Workload(group, kind, obj, pod_spec, job_spec, namespace)
+    """The view of a pod or of a single-template object (its first template for the others)."""
+    views = locate_all(obj, group=group, kind=kind, namespace=namespace, daemonsets=daemonsets, kinds=kinds)
+    return views[0] if views else None
 
 
 def accelerator_resources(container: JSON, accelerators: Accelerators) -> list[str]:
