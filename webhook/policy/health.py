@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from webhook.policy import holdings
-from webhook.policy.model import Mode, Policy, scaled_count
+from webhook.policy.model import HealthSignals, Mode, Policy, scaled_count
 from webhook.policy.quantity import whole_count
 
 TAINT_KEY = "gpuguard.io/device-unhealthy"
@@ -45,6 +45,8 @@ SignalKind = Literal[
     "devicePlugin",
     "capacityVanished",
     "nodeCondition",
+    "deviceTaint",
+    "deviceCondition",
 ]
 Effect = Literal["do", "would", "hold"]
 # The steps of the ladder as they appear in Events, metrics and `gpuguard nodes`.
@@ -230,6 +232,195 @@ def clamped(record: NodeRecord, now: datetime.datetime) -> tuple[NodeRecord, tup
 _CLOCK_TIMES = (*(name for name in _RECORD_TIMES if name != "acknowledged_at"), "last_action_at")
 
 
+# --- DRA: the devices a node's ResourceSlices publish, and the conditions of the claims holding them --
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCondition:
+    """A condition a driver wrote on an allocated device (ResourceClaim status.devices[].conditions)."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+def device_id(driver: str, pool: str, device: str) -> str:
+    """<driver>/<pool>/<device>: how allocation results, DeviceTaintRules and the kubelet name a device."""
+    return f"{driver}/{pool}/{device}"
+
+
+@dataclass(frozen=True, slots=True)
+class DraDevice:
+    driver: str
+    pool: str
+    name: str
+    # The ResourceSlice that publishes it (what `gpuguard nodes explain` names).
+    slice: str = ""
+    taints: tuple[Taint, ...] = ()
+    # Conditions of the claims it is allocated to.
+    conditions: tuple[DeviceCondition, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return device_id(self.driver, self.pool, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceFacts:
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    # How many slices the pool's generation is published in (pool.resourceSliceCount).
+    slice_count: int
+    node: str
+    devices: tuple[DraDevice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+    @property
+    def id(self) -> str:
+        return device_id(self.driver, self.pool, self.device)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimFacts:
+    namespace: str
+    name: str
+    uid: str = ""
+    devices: tuple[AllocatedDevice, ...] = ()
+    # device id -> the conditions its driver wrote for this claim.
+    conditions: Mapping[str, tuple[DeviceCondition, ...]] = field(default_factory=dict)
+    # The pods the claim is reserved for (status.reservedFor), by name.
+    pods: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """The DRA devices a node publishes now: those of the newest generation of each of its pools."""
+
+    devices: tuple[DraDevice, ...] = ()
+    # Drivers with a pool whose newest generation is not all published yet: their count is unknown.
+    updating: frozenset[str] = frozenset()
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for device in self.devices:
+            counts[device.driver] = counts.get(device.driver, 0) + 1
+        return counts
+
+
+NO_DRA_DEVICES = NodeDevices()
+
+
+def slice_facts(raw: Mapping[str, Any]) -> SliceFacts | None:
+    """The fields of a ResourceSlice the verdicts read; None for a slice of no single node (devices
+    reachable from many nodes, network-attached: not one node's to fail)."""
+    metadata, spec = _mapping(raw.get("metadata")), _mapping(raw.get("spec"))
+    name, node, driver = metadata.get("name"), spec.get("nodeName"), spec.get("driver")
+    pool = _mapping(spec.get("pool"))
+    if not all(isinstance(value, str) and value for value in (name, node, driver)):
+        return None
+    generation, count = pool.get("generation"), pool.get("resourceSliceCount")
+    devices = []
+    for device in spec.get("devices") or []:
+        device_name = _mapping(device).get("name")
+        if not isinstance(device_name, str):
+            continue
+        taints = tuple(
+            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+            for t in map(_mapping, _mapping(device).get("taints") or [])
+        )
+        devices.append(DraDevice(str(driver), str(pool.get("name", "")), device_name, str(name), taints))
+    return SliceFacts(
+        name=str(name),
+        driver=str(driver),
+        pool=str(pool.get("name", "")),
+        generation=generation if type(generation) is int else 0,
+        slice_count=count if type(count) is int and count > 0 else 1,
+        node=str(node),
+        devices=tuple(devices),
+    )
+
+
+def claim_facts(raw: Mapping[str, Any]) -> ClaimFacts | None:
+    """The fields of a ResourceClaim the verdicts read; None for a claim not allocated (it holds no
+    device yet): most claims of a cluster waiting to be scheduled are never kept."""
+    metadata, status = _mapping(raw.get("metadata")), _mapping(raw.get("status"))
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    results = _mapping(_mapping(status.get("allocation")).get("devices")).get("results") or []
+    if not isinstance(name, str) or not isinstance(namespace, str) or not results:
+        return None
+    devices = tuple(
+        AllocatedDevice(
+            str(result.get("request", "")),
+            str(result.get("driver", "")),
+            str(result.get("pool", "")),
+            str(result.get("device", "")),
+        )
+        for result in map(_mapping, results)
+    )
+    conditions: dict[str, tuple[DeviceCondition, ...]] = {}
+    for device in map(_mapping, status.get("devices") or []):
+        found = tuple(
+            DeviceCondition(
+                str(c.get("type", "")),
+                str(c.get("status", "")),
+                str(c.get("reason") or ""),
+                str(c.get("message") or ""),
+            )
+            for c in map(_mapping, device.get("conditions") or [])
+        )
+        if found:
+            held = device_id(*(str(device.get(part, "")) for part in ("driver", "pool", "device")))
+            conditions[held] = conditions.get(held, ()) + found
+    pods = tuple(
+        str(user.get("name"))
+        for user in map(_mapping, status.get("reservedFor") or [])
+        if user.get("resource") == "pods" and isinstance(user.get("name"), str)
+    )
+    return ClaimFacts(namespace, name, str(metadata.get("uid", "")), devices, conditions, pods)
+
+
+def node_devices(slices: Iterable[SliceFacts], claims: Iterable[ClaimFacts] = ()) -> NodeDevices:
+    """The devices a node's ResourceSlices publish: of each pool, the newest generation only (a device
+    the driver no longer publishes has left the pool, however many older slices still list it), and
+    only once that generation is published in full (until then the driver's count is unknown). Each
+    device carries the conditions its claims' drivers wrote for it."""
+    pools: dict[tuple[str, str], list[SliceFacts]] = {}
+    for piece in slices:
+        pools.setdefault((piece.driver, piece.pool), []).append(piece)
+    conditions: dict[str, tuple[DeviceCondition, ...]] = {}
+    for claim in claims:
+        for device_id, found in claim.conditions.items():
+            conditions[device_id] = conditions.get(device_id, ()) + found
+    devices: list[DraDevice] = []
+    updating: set[str] = set()
+    for (driver, _), pieces in sorted(pools.items()):
+        newest = max(piece.generation for piece in pieces)
+        current = sorted((piece for piece in pieces if piece.generation == newest), key=lambda p: p.name)
+        if len(current) < max(piece.slice_count for piece in current):
+            updating.add(driver)
+            continue
+        for piece in current:
+            devices.extend(
+                replace(device, conditions=conditions[device.id]) if device.id in conditions else device
+                for device in piece.devices
+            )
+    return NodeDevices(tuple(devices), frozenset(updating))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
     name: str
@@ -250,6 +441,9 @@ class NodeFacts:
     record_error: str = ""
     # The operator's acknowledgement (ACK_ANNOTATION), None when there is none.
     acknowledged_at: datetime.datetime | None = None
+    # The node's DRA devices, from its ResourceSlices (`node_devices`): the Node object says nothing
+    # of them, the controllers join them in (`with_devices`).
+    dra: NodeDevices = NO_DRA_DEVICES
 
     @property
     def tainted(self) -> bool:
@@ -461,6 +655,11 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
     )
 
 
+def with_devices(node: NodeFacts, devices: NodeDevices) -> NodeFacts:
+    """The node with the DRA devices its ResourceSlices publish."""
+    return node if devices == node.dra else replace(node, dra=devices)
+
+
 def with_reported(pod: PodFacts, earlier: frozenset[tuple[str, str]]) -> PodFacts:
     """The pod with the devices its earlier statuses reported Healthy or Unhealthy (kept by the
     controllers across status updates) added to what this status reports."""
@@ -511,7 +710,8 @@ class Assessment:
     accelerator: bool
     signals: tuple[Signal, ...]
     suppressed: tuple[Suppressed, ...]
-    # resource -> (allocatable, capacity), accelerator resources only.
+    # resource -> (allocatable, capacity), accelerator resources only; for a DRA driver, (devices not
+    # failed by a taint, devices published).
     devices: Mapping[str, tuple[int, int]]
     correlated_failures: int
     state: HealthState
@@ -531,6 +731,9 @@ def is_accelerator_node(node: NodeFacts, policy: Policy) -> bool:
         return False
     accelerators = policy.accelerators
     if any(accelerators.is_accelerator_resource(name) for name in node.capacity):
+        return True
+    drivers = {device.driver for device in node.dra.devices} | node.dra.updating
+    if any(accelerators.is_accelerator_driver(driver) for driver in drivers):
         return True
     return any(label in node.labels for label in accelerators.nodeLabels)
 
@@ -672,6 +875,7 @@ def assess(
     starting = [] if registered else [pod for pod in plugins if pod.phase == "Pending"]
     correlated = _correlated_failures(pods, policy, now) if accelerator else 0
     live_pods = [pod for pod in pods if not pod.terminal and is_accelerator_pod(pod, policy)]
+    dra = _dra_devices(node, policy)
 
     if accelerator:
         gap_seconds = signals_policy.deviceGap.forSeconds
@@ -711,12 +915,16 @@ def assess(
             # A device gone from capacity does not come back by itself: only a new node, a new layout
             # or an operator's acknowledgement clears this. A failed device that a plugin restart stopped
             # enumerating (8/7 became 7/7) is the same failure: its wait goes on from the gap's sighting.
+            # A DRA driver (a name without a "/") publishes its devices in ResourceSlices, and a device
+            # it tainted and then stopped publishing is the same failure too.
+            plugin = "/" in resource
+            shown = f"capacity {capacity}" if plugin else f"{capacity} in its ResourceSlices"
             signal(
                 f"deviceMissing/{resource}",
                 "deviceMissing",
-                f"{resource}: {expected - capacity} of {expected} expected devices missing (capacity {capacity})",
+                f"{resource}: {expected - capacity} of {expected} expected devices missing ({shown})",
                 gap_seconds,
-                continues=f"deviceGap/{resource}",
+                continues=f"deviceGap/{resource}" if plugin else f"deviceTaint/{resource}",
                 resource=resource,
                 devices=expected - capacity,
             )
@@ -768,6 +976,8 @@ def assess(
                     wanted.forSeconds,
                     whole_node=True,
                 )
+        for driver, published in sorted(dra.items()):
+            _dra_signals(driver, published, signals_policy, signal)
         reports: list[tuple[Literal["Unhealthy", "Unknown"], SignalKind, int]] = [
             ("Unhealthy", "podDevice", signals_policy.deviceGap.forSeconds)
         ]
@@ -781,8 +991,13 @@ def assess(
                     reported.setdefault(device.resource, set()).add(device.device)
             for resource, ids in sorted(reported.items()):
                 message = f"{resource}: {len(ids)} devices reported {health_state} by pods ({', '.join(sorted(ids))})"
-                signal(f"{kind}/{resource}", kind, message, wait, resource=resource, devices=len(ids))
+                # A claim's devices count for their driver's share of the node (the kubelet names a
+                # DRA device <driver>/<pool>/<device> when its driver gives no CDI name).
+                drivers = {driver for driver in dra if any(i.startswith(f"{driver}/") for i in ids)}
+                share_of = drivers.pop() if len(drivers) == 1 else resource
+                signal(f"{kind}/{resource}", kind, message, wait, resource=share_of, devices=len(ids))
 
+    devices.update(_dra_counts(dra, signals_policy))
     due = [s for s in found if s.due(now)]
     failed_share = _failed_share(due, devices)
     holds_marks = _holds_marks(node, record)
@@ -808,6 +1023,75 @@ def assess(
         # Terminating pods still hold their devices until the kubelet ends them.
         drained=not any(_drain_evicts(pod, policy) for pod in live_pods),
     )
+
+
+def _dra_devices(node: NodeFacts, policy: Policy) -> dict[str, list[DraDevice]]:
+    """The node's published devices of accelerator drivers, by driver."""
+    drivers: dict[str, list[DraDevice]] = {}
+    for device in node.dra.devices:
+        if policy.accelerators.is_accelerator_driver(device.driver):
+            drivers.setdefault(device.driver, []).append(device)
+    return drivers
+
+
+def failing_taints(device: DraDevice, signals: HealthSignals) -> tuple[Taint, ...]:
+    """The device's taints that fail it: NoSchedule or NoExecute with a key the policy names (any
+    when it names none). Effect None is informational, and gpuguard's own key is never its signal."""
+    taints = signals.deviceTaints
+    return tuple(t for t in device.taints if t.key != TAINT_KEY and taints.fails(t.key, t.effect))
+
+
+def _dra_counts(dra: Mapping[str, Sequence[DraDevice]], signals: HealthSignals) -> dict[str, tuple[int, int]]:
+    return {
+        driver: (sum(1 for d in published if not failing_taints(d, signals)), len(published))
+        for driver, published in sorted(dra.items())
+    }
+
+
+def _listed(devices: Sequence[str], most: int = 3) -> str:
+    shown = ", ".join(devices[:most])
+    return shown + (f" and {len(devices) - most} more" if len(devices) > most else "")
+
+
+def _dra_signals(
+    driver: str, published: Sequence[DraDevice], signals: HealthSignals, signal: Callable[..., None]
+) -> None:
+    """A driver's tainted devices, and its devices showing a claim condition the policy names."""
+    tainted = [(device, failing_taints(device, signals)) for device in published]
+    tainted = [(device, taints) for device, taints in tainted if taints]
+    if tainted:
+        named = [
+            f"{d.id} ({', '.join(f'{t.key}={t.value}:{t.effect}' if t.value else f'{t.key}:{t.effect}' for t in taints)}"
+            f", ResourceSlice {d.slice})"
+            for d, taints in tainted
+        ]
+        signal(
+            f"deviceTaint/{driver}",
+            "deviceTaint",
+            f"{driver}: {len(tainted)} of {len(published)} devices tainted by their driver: {_listed(named)}",
+            signals.deviceTaints.forSeconds,
+            resource=driver,
+            devices=len(tainted),
+        )
+    for wanted in signals.claimDeviceConditions:
+        showing = []
+        for device in published:
+            match = next(
+                (c for c in device.conditions if c.type == wanted.type and c.status == wanted.status), None
+            )
+            if match is not None:
+                said = f"{match.reason}: {match.message}" if match.message else match.reason or match.type
+                showing.append(f"{device.id} ({said})")
+        if showing:
+            signal(
+                f"deviceCondition/{wanted.type}/{driver}",
+                "deviceCondition",
+                f"{driver}: {len(showing)} of {len(published)} devices with claim condition "
+                f"{wanted.type}={wanted.status}: {_listed(showing)}",
+                wanted.forSeconds,
+                resource=driver,
+                devices=len(showing),
+            )
 
 
 def _drain_evicts(pod: PodFacts, policy: Policy) -> bool:
@@ -1202,20 +1486,29 @@ def _bookkeeping(
 
 
 def _registered_devices(node: NodeFacts, policy: Policy) -> dict[str, int]:
-    """The accelerator resources the node reports devices of, and how many."""
+    """The accelerator resources the node reports devices of, and how many; and the devices of each
+    accelerator DRA driver its ResourceSlices publish, by driver name."""
     accelerators = policy.accelerators
-    return {
+    registered = {
         name: count
         for name, count in node.capacity.items()
         if count > 0 and accelerators.is_accelerator_resource(name)
     }
+    registered.update(
+        (driver, count)
+        for driver, count in node.dra.counts().items()
+        if accelerators.is_accelerator_driver(driver)
+    )
+    return registered
 
 
 def _seen_devices(node: NodeFacts, record: NodeRecord, policy: Policy) -> dict[str, int]:
     """The most devices seen per resource: what the record expects from now on. No capacity at all
-    (a kubelet restart, a plugin gone) changes nothing; other resource names (a new MIG layout, a new
-    sharing configuration) start again from what the node reports."""
+    (a kubelet restart, a plugin gone, a DRA driver whose slices are gone) changes nothing; other
+    resource names (a new MIG layout, a new sharing configuration) start again from what the node
+    reports. A driver whose pool is being republished keeps what was expected of it."""
     reported = _registered_devices(node, policy)
+    reported.update((d, record.expected[d]) for d in node.dra.updating if d in record.expected)
     if not reported:
         return dict(record.expected)
     seen = record.expected if set(record.expected) == set(reported) else {}
@@ -1226,7 +1519,8 @@ def missing_devices(node: NodeFacts, record: NodeRecord, policy: Policy) -> dict
     """resource -> (capacity, expected) where the node reports fewer devices than the most gpuguard
     recorded on it (same resources) or the policy's expectedDevices for its class."""
     reported = _registered_devices(node, policy)
-    seen = record.expected if set(record.expected) == set(reported) else {}
+    updating = {d: record.expected[d] for d in node.dra.updating if d in record.expected}
+    seen = record.expected if set(record.expected) == set(reported) | set(updating) else {}
     baseline = policy.health.expected_devices(node.labels)
     missing = {}
     for name, capacity in sorted(reported.items()):
