@@ -93,6 +93,8 @@ class Wired(HealthControllers):
         pods: Sequence[dict[str, Any]] = (),
         *,
         evictions: RecordedEvictions | None = None,
+        slices: Sequence[dict[str, Any]] = (),
+        claims: Sequence[dict[str, Any]] = (),
     ) -> None:
         stop = threading.Event()
         self.now = NOW
@@ -105,6 +107,19 @@ class Wired(HealthControllers):
         )
         self.pods: Informer[PodFacts] = Informer(
             "pods", Listed(*pods), lambda raw: (f.key, f) if (f := health.pod_facts(raw)) else None, stop=stop
+        )
+        self.slice_list = Listed(*slices)
+        self.slices: Informer[health.SliceFacts] = Informer(
+            "resourceslices",
+            self.slice_list,
+            lambda raw: (f.name, f) if (f := health.slice_facts(raw)) else None,
+            stop=stop,
+        )
+        self.claims: Informer[health.ClaimFacts] = Informer(
+            "resourceclaims",
+            Listed(*claims),
+            lambda raw: (f.key, f) if (f := health.claim_facts(raw)) else None,
+            stop=stop,
         )
         self.sent: list[dict[str, Any]] = []
         self.events = EventRecorder(lambda namespace, body: self.sent.append(body), stop=stop)
@@ -123,15 +138,22 @@ class Wired(HealthControllers):
             registry=self.registry,
             clock=lambda: self.now,
             stop=stop,
+            slices=self.slices,
+            claims=self.claims,
         )
         # Synced once wired, as in the manager: the first list reaches the ledger, the pod index and
         # the device reports through the controllers' own change handlers.
-        assert self.nodes.sync() and self.pods.sync()
+        assert self.nodes.sync() and self.pods.sync() and self.slices.sync() and self.claims.sync()
 
     def list_nodes(self, *nodes: dict[str, Any]) -> None:
         """The Nodes are now these: listed again, the differences reach the controllers as changes."""
         self.node_list.objects = list(nodes)
         assert self.nodes.sync()
+
+    def list_slices(self, *slices: dict[str, Any]) -> None:
+        """The ResourceSlices are now these, as `list_nodes` does for Nodes."""
+        self.slice_list.objects = list(slices)
+        assert self.slices.sync()
 
     def at(self, seconds: float) -> None:
         self.now = NOW + datetime.timedelta(seconds=seconds)

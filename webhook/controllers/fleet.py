@@ -16,13 +16,24 @@ import datetime
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from webhook.kube.informer import Change
 from webhook.kube.remediation import StoredState
 from webhook.policy import health
-from webhook.policy.health import HealthState, NodeFacts, NodePlan, NodeRecord, PodFacts
+from webhook.policy.health import (
+    ClaimFacts,
+    HealthState,
+    NodeDevices,
+    NodeFacts,
+    NodePlan,
+    NodeRecord,
+    PodFacts,
+    SliceFacts,
+)
 from webhook.policy.model import Policy
+
+_K = TypeVar("_K")
 
 
 @dataclass(frozen=True)
@@ -163,6 +174,75 @@ class PodIndex:
     def keys_on(self, node: str) -> list[str]:
         with self._lock:
             return sorted(self._by_node.get(node, ()))
+
+
+class DraIndex:
+    """The ResourceSlices of each node and the allocated claims of each pool, fed by their informers'
+    changes: what a node's DRA devices are (`health.node_devices`), and which nodes a change touches.
+    A claim belongs to the nodes whose slices publish the pools of its devices, whichever of the two
+    the informers deliver first."""
+
+    def __init__(self) -> None:
+        self._slices: dict[str, SliceFacts] = {}
+        self._by_node: dict[str, set[str]] = collections.defaultdict(set)
+        # (driver, pool) -> the nodes publishing it, and the claims allocated from it.
+        self._pool_nodes: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        self._claims: dict[str, ClaimFacts] = {}
+        self._pool_claims: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        self._lock = threading.Lock()
+
+    def slice_changed(self, change: Change[SliceFacts]) -> tuple[str, ...]:
+        """Updates the index; the nodes whose devices may have changed."""
+        name = str(change.key)
+        with self._lock:
+            old = self._slices.pop(name, None)
+            if old is not None:
+                _unlink(self._by_node, old.node, name)
+                same_pool = (self._slices[s] for s in self._by_node.get(old.node, ()))
+                if not any((s.driver, s.pool) == (old.driver, old.pool) for s in same_pool):
+                    _unlink(self._pool_nodes, (old.driver, old.pool), old.node)
+            new = change.new
+            if new is not None:
+                self._slices[name] = new
+                self._by_node[new.node].add(name)
+                self._pool_nodes[(new.driver, new.pool)].add(new.node)
+        return tuple(dict.fromkeys(piece.node for piece in (old, change.new) if piece is not None))
+
+    def claim_changed(self, change: Change[ClaimFacts]) -> tuple[str, ...]:
+        key = str(change.key)
+        with self._lock:
+            old = self._claims.pop(key, None)
+            pools = _pools(old) | _pools(change.new)
+            for pool in _pools(old):
+                _unlink(self._pool_claims, pool, key)
+            if change.new is not None:
+                self._claims[key] = change.new
+                for pool in _pools(change.new):
+                    self._pool_claims[pool].add(key)
+            nodes = {node for pool in pools for node in self._pool_nodes.get(pool, ())}
+        return tuple(sorted(nodes))
+
+    def devices_of(self, node: str) -> NodeDevices:
+        with self._lock:
+            slices = [self._slices[name] for name in sorted(self._by_node.get(node, ()))]
+            pools = {(piece.driver, piece.pool) for piece in slices}
+            keys = {key for pool in pools for key in self._pool_claims.get(pool, ())}
+            claims = [self._claims[key] for key in sorted(keys)]
+        if not slices:
+            return health.NO_DRA_DEVICES
+        return health.node_devices(slices, claims)
+
+
+def _pools(claim: ClaimFacts | None) -> set[tuple[str, str]]:
+    return {(device.driver, device.pool) for device in claim.devices} if claim is not None else set()
+
+
+def _unlink(index: dict[_K, set[str]], key: _K, value: str) -> None:
+    members = index.get(key)
+    if members is not None:
+        members.discard(value)
+        if not members:
+            del index[key]
 
 
 # --- the circuit breaker -----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, Ledger, PodIndex, Trip, disrupts
+from webhook.controllers.fleet import Breaker, DeviceReports, DraIndex, Ledger, PodIndex, Trip, disrupts
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
@@ -102,6 +102,7 @@ class NodeHealth:
         pods: Informer[PodFacts],
         index: PodIndex,
         reports: DeviceReports,
+        dra: DraIndex,
         ledger: Ledger,
         breaker: Breaker,
         policy: Callable[[], Policy],
@@ -116,6 +117,7 @@ class NodeHealth:
         self.pods = pods
         self.index = index
         self.reports = reports
+        self.dra = dra
         self.ledger = ledger
         self.breaker = breaker
         self.policy = policy
@@ -144,7 +146,7 @@ class NodeHealth:
             self.ledger.forget(name)
             self._reported_errors.discard(name)
         else:
-            self.ledger.classify(change.new, self.policy())
+            self.ledger.classify(self.joined(change.new), self.policy())
         self.controller.enqueue(name)
         if change.new is not None and change.new.record is not None and change.new.record.draining_since:
             self.on_drain(name)
@@ -153,6 +155,20 @@ class NodeHealth:
         for name in nodes:
             self.controller.enqueue(name)
 
+    def devices_changed(self, nodes: tuple[str, ...]) -> None:
+        """A node's ResourceSlices or its devices' claims changed: DRA devices may make it an
+        accelerator node (counted in its pool) or stop doing so."""
+        policy = self.policy()
+        for name in nodes:
+            facts = self.nodes.get(name)
+            if facts is not None:
+                self.ledger.classify(self.joined(facts), policy)
+                self.controller.enqueue(name)
+
+    def joined(self, facts: NodeFacts) -> NodeFacts:
+        """The node with the DRA devices its ResourceSlices publish."""
+        return health.with_devices(facts, self.dra.devices_of(facts.name))
+
     def enqueue_all(self) -> None:
         for name in self.nodes.snapshot():
             self.controller.enqueue(str(name))
@@ -160,7 +176,8 @@ class NodeHealth:
     # --- reconcile -----------------------------------------------------------------------------------
 
     def reconcile(self, name: str) -> Result:
-        facts = self.nodes.get(name)
+        node = self.nodes.get(name)
+        facts = self.joined(node) if node is not None else None
         if facts is None:
             self.ledger.forget(name)
             self._reported_errors.discard(name)

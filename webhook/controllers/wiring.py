@@ -11,13 +11,21 @@ import datetime
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, Ledger, PodIndex, StateStore
+from webhook.controllers.fleet import (
+    Breaker,
+    DeviceReports,
+    DraIndex,
+    EvictionRateLimits,
+    Ledger,
+    PodIndex,
+    StateStore,
+)
 from webhook.controllers.nodehealth import NodeHealth, NodeWrites
 from webhook.controllers.podhealth import Evictions, PodHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Change, Informer
 from webhook.metrics import Registry
-from webhook.policy.health import NodeFacts, PodFacts
+from webhook.policy.health import ClaimFacts, NodeFacts, PodFacts, SliceFacts
 from webhook.policy.model import Policy
 
 
@@ -36,9 +44,12 @@ class HealthControllers:
         registry: Registry,
         clock: Callable[[], datetime.datetime],
         stop: threading.Event,
+        slices: Informer[SliceFacts] | None = None,
+        claims: Informer[ClaimFacts] | None = None,
     ) -> None:
         self.ledger = Ledger()
         self.index = PodIndex()
+        self.dra = DraIndex()
         self.reports = DeviceReports()
         self.breaker = Breaker(breaker_store, clock)
         self.limits = EvictionRateLimits(clock=lambda: clock().timestamp())
@@ -63,6 +74,7 @@ class HealthControllers:
             pods=pods,
             index=self.index,
             reports=self.reports,
+            dra=self.dra,
             ledger=self.ledger,
             breaker=self.breaker,
             policy=policy,
@@ -75,6 +87,11 @@ class HealthControllers:
         )
         nodes.on_change(self.node_health.node_changed)
         pods.on_change(self.pod_changed)
+        # Without them (a cluster, a bench or a test without DRA) nodes have no DRA devices.
+        if slices is not None:
+            slices.on_change(lambda change: self.node_health.devices_changed(self.dra.slice_changed(change)))
+        if claims is not None:
+            claims.on_change(lambda change: self.node_health.devices_changed(self.dra.claim_changed(change)))
 
     def pod_changed(self, change: Change[PodFacts]) -> None:
         # Remembered before either controller is enqueued: neither decides on a status not yet counted.
@@ -84,7 +101,7 @@ class HealthControllers:
 
     def seed(self, nodes: Iterable[NodeFacts], policy: Policy, now: datetime.datetime) -> None:
         """Takes the records the nodes carry into the ledger and the breaker's log."""
-        nodes = list(nodes)
+        nodes = [self.node_health.joined(node) for node in nodes]
         self.ledger.seed(nodes, policy, now)
         self.breaker.seed(nodes)
 

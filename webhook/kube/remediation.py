@@ -18,12 +18,14 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, ResourceListWatch, raw_json
+from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, ResourceListWatch, collection, raw_json
 from webhook.kube.controller import TerminalError
 
 FIELD_MANAGER = "gpuguard"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+# DRA's API group at the version 1.37 serves ResourceSlices, ResourceClaims and DeviceTaintRules at.
+RESOURCE_API = "resource.k8s.io/v1"
 
 
 class ConflictError(Exception):
@@ -224,6 +226,14 @@ def pods_on_node(api: client.ApiClient, node: str) -> ResourceListWatch:
     return ResourceListWatch(
         client.CoreV1Api(api).list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
     )
+
+
+def resource_slices(api: client.ApiClient) -> ResourceListWatch:
+    return ResourceListWatch(collection(api, f"/apis/{RESOURCE_API}/resourceslices"))
+
+
+def resource_claims(api: client.ApiClient) -> ResourceListWatch:
+    return ResourceListWatch(collection(api, f"/apis/{RESOURCE_API}/resourceclaims"))
 
 
 def namespaces(api: client.ApiClient) -> ResourceListWatch:
