@@ -470,6 +470,10 @@ def test_controllers_service_account_rules_are_exactly_theirs(
             for r in ("resourceslices", "resourceclaims")
             for v in ("get", "list", "watch")
         },
+        *{
+            ("resource.k8s.io", "devicetaintrules", "", v)
+            for v in ("get", "list", "watch", "create", "patch", "delete")
+        },
     }
     in_namespace = {
         *{("coordination.k8s.io", "leases", CONTROLLERS, v) for v in ("get", "update")},

@@ -3,6 +3,8 @@ from their informers joined to the Node, in whichever order they arrive."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from webhook.policy import health
 
 from .builders import make_policy
@@ -59,3 +61,54 @@ def test_a_claim_condition_reaches_the_node_publishing_its_device() -> None:
     (_, status), _ = wired.writes.calls
     assert f"{DRIVER}/gpu-1/gpu-3 (XID79)" in status["status"]["conditions"][0]["message"]
     assert status["status"]["conditions"][0]["type"] == health.CONDITION_TYPE
+
+
+GPU_3 = f"{DRIVER}/gpu-1/gpu-3"
+
+
+def own_rule(effect: str, *, device: str = GPU_3, version: str = "5") -> dict[str, Any]:
+    driver, pool, name = device.split("/")
+    rule = health.rule_object(health.DeviceFence(driver, pool, name, "None"), "gpu-1", "uid-gpu-1")
+    rule["spec"]["taint"]["effect"] = effect
+    rule["metadata"]["resourceVersion"] = version
+    return rule
+
+
+def test_a_failed_device_gets_its_own_rule_owned_by_its_node_and_the_node_no_taint() -> None:
+    wired = Wired(ENFORCE, [dra_node()], slices=[raw_slice(taints=tainted(3))])
+    wired.node_health.reconcile("gpu-1")
+    ((verb, body),) = wired.rules.calls
+    assert verb == "create" and body["metadata"]["name"] == health.rule_name(GPU_3)
+    assert body["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "gpu-1", "uid": "uid-gpu-1"}
+    ]
+    assert body["spec"] == {
+        "deviceSelector": {"driver": DRIVER, "pool": "gpu-1", "device": "gpu-3"},
+        "taint": {"key": health.TAINT_KEY, "effect": "NoSchedule"},
+    }
+    (_, node_patch) = wired.writes.calls[-1]
+    assert "taints" not in node_patch.get("spec", {})
+    assert "NodeTainted" in wired.reasons()
+    (note,) = [event["note"] for event in wired.sent if event["reason"] == "NodeTainted"]
+    assert note.startswith(f"DeviceTaintRule {health.TAINT_KEY}:NoSchedule on {GPU_3}: ")
+
+
+def test_a_dry_run_rule_gets_its_effect_at_the_version_read_and_goes_once_the_device_recovers() -> None:
+    wired = Wired(ENFORCE, [dra_node()], slices=[raw_slice(taints=tainted(3))], rules=[own_rule("None")])
+    wired.node_health.reconcile("gpu-1")
+    assert wired.rules.calls == [("patch", (health.rule_name(GPU_3), "5", "NoSchedule"))]
+    wired.list_slices(raw_slice(generation=2))
+    wired.rules.calls.clear()
+    wired.node_health.reconcile("gpu-1")
+    assert wired.rules.calls == [("delete", (health.rule_name(GPU_3), "5"))]
+
+
+def test_rules_gpuguard_did_not_create_are_never_read() -> None:
+    theirs = own_rule("NoExecute")
+    del theirs["metadata"]["labels"]
+    renamed = own_rule("NoExecute")
+    renamed["metadata"]["name"] = "admin-gpu-3"
+    assert health.own_rule(theirs) is None and health.own_rule(renamed) is None
+    wired = Wired(ENFORCE, [dra_node()], slices=[raw_slice()], rules=[theirs, renamed])
+    wired.node_health.reconcile("gpu-1")
+    assert wired.rules.calls == []

@@ -3,18 +3,21 @@ generation) and the conditions drivers write on claims, feeding the same ladder 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from webhook.policy import health
-from webhook.policy.health import TAINT_KEY, ClaimFacts, NodeFacts, NodeRecord, SliceFacts
+from webhook.policy.health import TAINT_KEY, ClaimFacts, DeviceFence, NodeFacts, NodeRecord, SliceFacts
 
+from .builders import make_policy
 from .test_health import FREE, NOW, actions, applied, enforcing, later, node, pod
 
 JSON = dict[str, Any]
 DRIVER = "gpu.example.com"
 ENFORCE = enforcing(signals={"deviceTaints": {"keys": [], "forSeconds": 60}})
 XID = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+GPU_3 = f"{DRIVER}/gpu-1/gpu-3"
 
 
 def raw_slice(
@@ -132,6 +135,10 @@ def test_a_driver_taint_fails_its_device_after_for_seconds() -> None:
     assert actions(due) == [("condition", "do"), ("taint", "do")]
     assert due.assessment.devices == {DRIVER: (7, 8)}
     assert due.assessment.failed_share == 1 / 8
+    # The device is fenced alone: the node takes no taint.
+    assert not due.tainted
+    assert due.fences == {GPU_3: DeviceFence(DRIVER, "gpu-1", "gpu-3", "NoSchedule")}
+    assert due.steps[1].note.startswith(f"DeviceTaintRule {TAINT_KEY}:NoSchedule on {GPU_3}: ")
 
 
 def test_none_effect_unknown_effects_and_gpuguards_own_key_fail_nothing() -> None:
@@ -237,3 +244,81 @@ def test_a_claim_device_reported_unhealthy_counts_for_its_drivers_share() -> Non
     assert due.failed_share == 0.5
     verdict = health.pod_verdict(holder, ENFORCE, NOW)
     assert verdict.evict and verdict.reason == "DeviceUnhealthy"
+
+
+# --- fencing one device ------------------------------------------------------------------------------
+
+
+def fenced(plan: health.NodePlan) -> dict[str, str]:
+    """What the node's DRA devices carry once the caller wrote the plan's DeviceTaintRules."""
+    return {key: fence.effect for key, fence in plan.fences.items()}
+
+
+def test_audit_fences_with_a_none_rule_and_writes_nothing_else() -> None:
+    policy = make_policy({"health": {"signals": {"deviceTaints": {"keys": [], "forSeconds": 0}}}})
+    assert policy.health_mode("taint") == "audit"
+    plan = health.plan_node(dra_node(sliced(taints=tainted(3))), [], policy, FREE, NOW)
+    assert fenced(plan) == {GPU_3: "None"}
+    assert ("taint", "would") in actions(plan) and not plan.tainted
+
+
+def test_evictions_by_the_device_taint_controller_make_the_rule_no_execute() -> None:
+    policy = enforcing(signals={"deviceTaints": {"keys": [], "forSeconds": 0}}, dra={"evict": "deviceTaint"})
+    plan = health.plan_node(dra_node(sliced(taints=tainted(3))), [], policy, FREE, NOW)
+    assert fenced(plan) == {GPU_3: "NoExecute"}
+    audit_evictions = enforcing(
+        signals={"deviceTaints": {"keys": [], "forSeconds": 0}},
+        dra={"evict": "deviceTaint"},
+        actions={"evict": {"mode": "audit"}},
+    )
+    assert fenced(health.plan_node(dra_node(sliced(taints=tainted(3))), [], audit_evictions, FREE, NOW)) == {
+        GPU_3: "NoSchedule"
+    }
+
+
+def test_a_node_held_by_the_budget_gets_a_none_rule() -> None:
+    policy = enforcing(signals={"deviceTaints": {"keys": [], "forSeconds": 0}}, budget={"maxUnhealthy": 1})
+    full = health.Fleet(pool_nodes=10, pool_admitted=1, breaker_open=False)
+    plan = health.plan_node(dra_node(sliced(taints=tainted(3))), [], policy, full, NOW)
+    assert plan.held and fenced(plan) == {GPU_3: "None"}
+
+
+def test_the_rule_goes_once_the_device_is_no_longer_failed() -> None:
+    policy = enforcing(signals={"deviceTaints": {"keys": [], "forSeconds": 0}})
+    facts = dra_node(sliced(taints=tainted(3)))
+    plan = health.plan_node(facts, [], policy, FREE, NOW)
+    rules = health.NodeDevices(facts.dra.devices, fenced=fenced(plan))
+    again = health.plan_node(health.with_devices(applied(facts, plan), rules), [], policy, FREE, later(1))
+    assert fenced(again) == fenced(plan) and actions(again) == []  # written already: no step again
+    cleared = health.NodeDevices(health.node_devices([sliced(generation=2)]).devices, fenced=fenced(plan))
+    recovering = health.plan_node(
+        health.with_devices(applied(facts, plan), cleared), [], policy, FREE, later(2), plan.record
+    )
+    assert recovering.assessment.state == "recovering" and recovering.fences == {}
+
+
+def test_a_failure_no_rule_can_fence_taints_the_node() -> None:
+    """A device that left its pool cannot be selected by a rule: the node is tainted, and the device
+    still published and failed is fenced beside it."""
+    record = NodeRecord(expected={DRIVER: 8})
+    facts = dra_node(sliced(devices=7, taints=tainted(3)))
+    plan = health.plan_node(facts, [], ENFORCE, FREE, later(300), replace_signals(record, 300))
+    assert {s.kind for s in plan.assessment.due(later(300))} == {"deviceMissing", "deviceTaint"}
+    assert plan.tainted and fenced(plan) == {GPU_3: "NoSchedule"}
+
+
+def replace_signals(record: NodeRecord, seconds_ago: float) -> NodeRecord:
+    return dataclasses.replace(
+        record,
+        signals={
+            f"deviceMissing/{DRIVER}": later(-seconds_ago),
+            f"deviceTaint/{DRIVER}": later(-seconds_ago),
+        },
+    )
+
+
+def test_a_claim_device_reported_unhealthy_is_fenced() -> None:
+    holder = pod(gpus=0, claims=["gpu"], devices=[(f"claim:gpu/gpu {GPU_3}", "Unhealthy")])
+    policy = enforcing(signals={"deviceGap": {"forSeconds": 0}})
+    plan = health.plan_node(dra_node(sliced()), [holder], policy, FREE, NOW)
+    assert fenced(plan) == {GPU_3: "NoSchedule"} and not plan.tainted

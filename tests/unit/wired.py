@@ -54,6 +54,22 @@ class RecordedWrites:
         return {"metadata": {"resourceVersion": str(self.version)}}
 
 
+class RecordedRules:
+    """`DeviceTaintRules`: what was sent, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.calls.append(("create", body))
+
+    def patch_effect(self, name: str, resource_version: str, effect: str) -> None:
+        self.calls.append(("patch", (name, resource_version, effect)))
+
+    def delete(self, name: str, resource_version: str) -> None:
+        self.calls.append(("delete", (name, resource_version)))
+
+
 class RecordedEvictions:
     def __init__(self, result: EvictionResult = "evicted") -> None:
         self.result = result
@@ -95,6 +111,7 @@ class Wired(HealthControllers):
         evictions: RecordedEvictions | None = None,
         slices: Sequence[dict[str, Any]] = (),
         claims: Sequence[dict[str, Any]] = (),
+        rules: Sequence[dict[str, Any]] = (),
     ) -> None:
         stop = threading.Event()
         self.now = NOW
@@ -121,6 +138,13 @@ class Wired(HealthControllers):
             lambda raw: (f.key, f) if (f := health.claim_facts(raw)) else None,
             stop=stop,
         )
+        self.own_rules: Informer[health.OwnRule] = Informer(
+            "devicetaintrules",
+            Listed(*rules),
+            lambda raw: (f.name, f) if (f := health.own_rule(raw)) else None,
+            stop=stop,
+        )
+        self.rules = RecordedRules()
         self.sent: list[dict[str, Any]] = []
         self.events = EventRecorder(lambda namespace, body: self.sent.append(body), stop=stop)
         self.writes = RecordedWrites()
@@ -132,6 +156,7 @@ class Wired(HealthControllers):
             namespace_labels=lambda namespace: {},
             policy=lambda: policy,
             writes=self.writes,
+            rules=self.rules,
             evictions=self.evictions,
             breaker_store=NoStore(),
             events=self.events,
@@ -140,10 +165,17 @@ class Wired(HealthControllers):
             stop=stop,
             slices=self.slices,
             claims=self.claims,
+            own_rules=self.own_rules,
         )
         # Synced once wired, as in the manager: the first list reaches the ledger, the pod index and
         # the device reports through the controllers' own change handlers.
-        assert self.nodes.sync() and self.pods.sync() and self.slices.sync() and self.claims.sync()
+        assert (
+            self.nodes.sync()
+            and self.pods.sync()
+            and self.slices.sync()
+            and self.claims.sync()
+            and self.own_rules.sync()
+        )
 
     def list_nodes(self, *nodes: dict[str, Any]) -> None:
         """The Nodes are now these: listed again, the differences reach the controllers as changes."""

@@ -28,6 +28,7 @@ from webhook.policy.health import (
     NodeFacts,
     NodePlan,
     NodeRecord,
+    OwnRule,
     PodFacts,
     SliceFacts,
 )
@@ -189,6 +190,8 @@ class DraIndex:
         self._pool_nodes: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
         self._claims: dict[str, ClaimFacts] = {}
         self._pool_claims: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        # gpuguard's DeviceTaintRules by node, then by device.
+        self._rules: dict[str, dict[str, OwnRule]] = collections.defaultdict(dict)
         self._lock = threading.Lock()
 
     def slice_changed(self, change: Change[SliceFacts]) -> tuple[str, ...]:
@@ -222,15 +225,34 @@ class DraIndex:
             nodes = {node for pool in pools for node in self._pool_nodes.get(pool, ())}
         return tuple(sorted(nodes))
 
+    def rule_changed(self, change: Change[OwnRule]) -> tuple[str, ...]:
+        nodes = []
+        with self._lock:
+            for rule in (change.old, change.new):
+                if rule is not None:
+                    self._rules[rule.node].pop(rule.device, None)
+                    nodes.append(rule.node)
+            if change.new is not None:
+                self._rules[change.new.node][change.new.device] = change.new
+            for node in nodes:
+                if not self._rules.get(node, True):
+                    del self._rules[node]
+        return tuple(dict.fromkeys(nodes))
+
+    def rules_of(self, node: str) -> dict[str, OwnRule]:
+        """gpuguard's DeviceTaintRules on the node's devices, by device id."""
+        with self._lock:
+            return dict(self._rules.get(node, {}))
+
     def devices_of(self, node: str) -> NodeDevices:
         with self._lock:
             slices = [self._slices[name] for name in sorted(self._by_node.get(node, ()))]
             pools = {(piece.driver, piece.pool) for piece in slices}
             keys = {key for pool in pools for key in self._pool_claims.get(pool, ())}
             claims = [self._claims[key] for key in sorted(keys)]
-        if not slices:
-            return health.NO_DRA_DEVICES
-        return health.node_devices(slices, claims)
+            fenced = {device: rule.effect for device, rule in self._rules.get(node, {}).items()}
+        devices = health.node_devices(slices, claims) if slices else health.NO_DRA_DEVICES
+        return replace(devices, fenced=fenced) if fenced else devices
 
 
 def _pools(claim: ClaimFacts | None) -> set[tuple[str, str]]:

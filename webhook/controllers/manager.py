@@ -104,6 +104,11 @@ def _claim(raw: dict[str, Any]) -> tuple[Hashable, health.ClaimFacts] | None:
     return (claim.key, claim) if claim is not None else None
 
 
+def _own_rule(raw: dict[str, Any]) -> tuple[Hashable, health.OwnRule] | None:
+    rule = health.own_rule(raw)
+    return (rule.name, rule) if rule is not None else None
+
+
 def _state(raw: dict[str, Any]) -> tuple[Hashable, dict[str, str]] | None:
     data = raw.get("data")
     return str(metadata_of(raw).get("name", "")), dict(data) if isinstance(data, dict) else {}
@@ -139,6 +144,9 @@ class ControllerManager:
         self.claims: Informer[health.ClaimFacts] = Informer(
             "resourceclaims", remediation.resource_claims(api), _claim, stop=stop
         )
+        self.own_rules: Informer[health.OwnRule] = Informer(
+            "devicetaintrules", remediation.own_device_taint_rules(api), _own_rule, stop=stop
+        )
         self.informers: list[Informer[Any]] = [
             self.nodes,
             self.pods,
@@ -146,6 +154,7 @@ class ControllerManager:
             self.state,
             self.slices,
             self.claims,
+            self.own_rules,
         ]
         # Every write of the controllers checks, just before it goes, that this replica renewed the Lease
         # within the renew deadline: a leader paused past its lease never writes beside the new one.
@@ -156,6 +165,7 @@ class ControllerManager:
             namespace_labels=self._namespace_labels,
             policy=lambda: self.store.policy,
             writes=remediation.NodeWriter(api, fence),
+            rules=remediation.DeviceTaintRuleWriter(api, fence),
             evictions=remediation.Evictor(api, fence),
             breaker_store=remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP, fence),
             events=self.events,
@@ -164,6 +174,7 @@ class ControllerManager:
             stop=stop,
             slices=self.slices,
             claims=self.claims,
+            own_rules=self.own_rules,
         )
         self.state.on_snapshot(self._state_changed)
         self.runnables = [build(api, lambda: self.store.policy, stop) for build in leader_runnables]

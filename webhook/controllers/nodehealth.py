@@ -66,6 +66,14 @@ class NodeWrites(Protocol):
     def patch_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
 
 
+class DeviceTaintRules(Protocol):
+    def create(self, body: dict[str, Any]) -> None: ...
+
+    def patch_effect(self, name: str, resource_version: str, effect: str) -> None: ...
+
+    def delete(self, name: str, resource_version: str) -> None: ...
+
+
 def persists(policy: Policy) -> bool:
     """Records go on the nodes once any node action is enforced; before that nothing is written."""
     return any(policy.health_mode(action) == "enforce" for action in ("condition", "taint", "drain"))
@@ -107,6 +115,7 @@ class NodeHealth:
         breaker: Breaker,
         policy: Callable[[], Policy],
         writes: NodeWrites,
+        rules: DeviceTaintRules,
         events: EventRecorder,
         registry: Registry,
         clock: Callable[[], datetime.datetime],
@@ -122,6 +131,7 @@ class NodeHealth:
         self.breaker = breaker
         self.policy = policy
         self.writes = writes
+        self.rules = rules
         self.events = events
         self.registry = registry
         self.clock = clock
@@ -285,7 +295,22 @@ class NodeHealth:
         if node_patch:
             node_patch.setdefault("metadata", {})["resourceVersion"] = version
             self.writes.patch(facts.name, node_patch)
+        self._fence(facts, plan)
         self._time_to_act(facts, plan, now)
+
+    def _fence(self, facts: NodeFacts, plan: NodePlan) -> None:
+        """gpuguard's DeviceTaintRules on the node's devices made what the plan wants: created,
+        their effect changed, or deleted (a device no longer failed, a node no longer remediated)."""
+        existing = self.dra.rules_of(facts.name)
+        for device, rule in sorted(existing.items()):
+            fence = plan.fences.get(device)
+            if fence is None:
+                self.rules.delete(rule.name, rule.resource_version)
+            elif fence.effect != rule.effect:
+                self.rules.patch_effect(rule.name, rule.resource_version, fence.effect)
+        for device, fence in sorted(plan.fences.items()):
+            if device not in existing:
+                self.rules.create(health.rule_object(fence, facts.name, facts.uid))
 
     def _time_to_act(self, facts: NodeFacts, plan: NodePlan, now: datetime.datetime) -> None:
         """Observes, once its write went out, how long after the first sight of the node's signals each
@@ -295,7 +320,11 @@ class NodeHealth:
         before = facts.condition
         steps = {
             "condition": plan.condition.status == "False" and (before is None or before.status != "False"),
-            "taint": plan.tainted and not facts.tainted,
+            "taint": (plan.tainted and not facts.tainted)
+            or any(
+                fence.effect != "None" and facts.dra.fenced.get(device) in (None, "None")
+                for device, fence in plan.fences.items()
+            ),
             "drained": plan.condition.reason == "Drained" and (before is None or before.reason != "Drained"),
         }
         waited = max((now - min(plan.record.signals.values())).total_seconds(), 0.0)

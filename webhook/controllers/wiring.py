@@ -20,12 +20,12 @@ from webhook.controllers.fleet import (
     PodIndex,
     StateStore,
 )
-from webhook.controllers.nodehealth import NodeHealth, NodeWrites
+from webhook.controllers.nodehealth import DeviceTaintRules, NodeHealth, NodeWrites
 from webhook.controllers.podhealth import Evictions, PodHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Change, Informer
 from webhook.metrics import Registry
-from webhook.policy.health import ClaimFacts, NodeFacts, PodFacts, SliceFacts
+from webhook.policy.health import ClaimFacts, NodeFacts, OwnRule, PodFacts, SliceFacts
 from webhook.policy.model import Policy
 
 
@@ -38,6 +38,7 @@ class HealthControllers:
         namespace_labels: Callable[[str], Mapping[str, str] | None],
         policy: Callable[[], Policy],
         writes: NodeWrites,
+        rules: DeviceTaintRules,
         evictions: Evictions,
         breaker_store: StateStore,
         events: EventRecorder,
@@ -46,6 +47,7 @@ class HealthControllers:
         stop: threading.Event,
         slices: Informer[SliceFacts] | None = None,
         claims: Informer[ClaimFacts] | None = None,
+        own_rules: Informer[OwnRule] | None = None,
     ) -> None:
         self.ledger = Ledger()
         self.index = PodIndex()
@@ -79,6 +81,7 @@ class HealthControllers:
             breaker=self.breaker,
             policy=policy,
             writes=writes,
+            rules=rules,
             events=events,
             registry=registry,
             clock=clock,
@@ -92,6 +95,10 @@ class HealthControllers:
             slices.on_change(lambda change: self.node_health.devices_changed(self.dra.slice_changed(change)))
         if claims is not None:
             claims.on_change(lambda change: self.node_health.devices_changed(self.dra.claim_changed(change)))
+        if own_rules is not None:
+            own_rules.on_change(
+                lambda change: self.node_health.devices_changed(self.dra.rule_changed(change))
+            )
 
     def pod_changed(self, change: Change[PodFacts]) -> None:
         # Remembered before either controller is enqueued: neither decides on a status not yet counted.

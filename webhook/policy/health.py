@@ -13,6 +13,7 @@ Signals are timed from when gpuguard first saw them (kept in the record, on the 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -313,6 +314,8 @@ class NodeDevices:
     devices: tuple[DraDevice, ...] = ()
     # Drivers with a pool whose newest generation is not all published yet: their count is unknown.
     updating: frozenset[str] = frozenset()
+    # device id -> the effect of gpuguard's DeviceTaintRule on it (joined in from the rules' cache).
+    fenced: Mapping[str, str] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -684,6 +687,8 @@ class Signal:
     whole_node: bool = False
     # Why the signal is due before it persisted for `for_seconds` (correlated container failures).
     confirmed_by: str = ""
+    # The DRA devices (<driver>/<pool>/<device>) it fails, each of which gpuguard may fence alone.
+    device_ids: tuple[str, ...] = ()
 
     @property
     def due_at(self) -> datetime.datetime:
@@ -876,6 +881,7 @@ def assess(
     correlated = _correlated_failures(pods, policy, now) if accelerator else 0
     live_pods = [pod for pod in pods if not pod.terminal and is_accelerator_pod(pod, policy)]
     dra = _dra_devices(node, policy)
+    published = {device.id for devices in dra.values() for device in devices}
 
     if accelerator:
         gap_seconds = signals_policy.deviceGap.forSeconds
@@ -976,8 +982,8 @@ def assess(
                     wanted.forSeconds,
                     whole_node=True,
                 )
-        for driver, published in sorted(dra.items()):
-            _dra_signals(driver, published, signals_policy, signal)
+        for driver, driver_devices in sorted(dra.items()):
+            _dra_signals(driver, driver_devices, signals_policy, signal)
         reports: list[tuple[Literal["Unhealthy", "Unknown"], SignalKind, int]] = [
             ("Unhealthy", "podDevice", signals_policy.deviceGap.forSeconds)
         ]
@@ -995,7 +1001,17 @@ def assess(
                 # DRA device <driver>/<pool>/<device> when its driver gives no CDI name).
                 drivers = {driver for driver in dra if any(i.startswith(f"{driver}/") for i in ids)}
                 share_of = drivers.pop() if len(drivers) == 1 else resource
-                signal(f"{kind}/{resource}", kind, message, wait, resource=share_of, devices=len(ids))
+                # Only an Unhealthy device is fenced: the device, not the pod, is what failed.
+                fenceable = tuple(sorted(ids & published)) if ids <= published and kind == "podDevice" else ()
+                signal(
+                    f"{kind}/{resource}",
+                    kind,
+                    message,
+                    wait,
+                    resource=share_of,
+                    devices=len(ids),
+                    device_ids=fenceable,
+                )
 
     devices.update(_dra_counts(dra, signals_policy))
     due = [s for s in found if s.due(now)]
@@ -1072,9 +1088,10 @@ def _dra_signals(
             signals.deviceTaints.forSeconds,
             resource=driver,
             devices=len(tainted),
+            device_ids=tuple(device.id for device, _ in tainted),
         )
     for wanted in signals.claimDeviceConditions:
-        showing = []
+        showing, ids = [], []
         for device in published:
             match = next(
                 (c for c in device.conditions if c.type == wanted.type and c.status == wanted.status), None
@@ -1082,6 +1099,7 @@ def _dra_signals(
             if match is not None:
                 said = f"{match.reason}: {match.message}" if match.message else match.reason or match.type
                 showing.append(f"{device.id} ({said})")
+                ids.append(device.id)
         if showing:
             signal(
                 f"deviceCondition/{wanted.type}/{driver}",
@@ -1091,7 +1109,25 @@ def _dra_signals(
                 wanted.forSeconds,
                 resource=driver,
                 devices=len(showing),
+                device_ids=tuple(ids),
             )
+
+
+def _failed_devices(node: NodeFacts, due: Sequence[Signal]) -> dict[str, DeviceFence]:
+    """The node's DRA devices the due signals fail (a None fence each, the effect chosen later)."""
+    published = {device.id: device for device in node.dra.devices}
+    return {
+        key: DeviceFence(published[key].driver, published[key].pool, published[key].name, "None")
+        for signal in due
+        for key in signal.device_ids
+        if key in published
+    }
+
+
+def _fence_effect(policy: Policy) -> DeviceTaintEffect:
+    """NoExecute when evictions are enforced and the device-taint-eviction controller is to do them."""
+    evicting = policy.health.dra.evict == "deviceTaint" and policy.health_mode("evict") == "enforce"
+    return "NoExecute" if evicting else "NoSchedule"
 
 
 def _drain_evicts(pod: PodFacts, policy: Policy) -> bool:
@@ -1147,6 +1183,92 @@ class Fleet:
     breaker_open: bool
 
 
+DeviceTaintEffect = Literal["None", "NoSchedule", "NoExecute"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFence:
+    """A DeviceTaintRule of gpuguard's on one DRA device: its taint is TAINT_KEY with `effect`."""
+
+    driver: str
+    pool: str
+    device: str
+    effect: DeviceTaintEffect
+
+    @property
+    def id(self) -> str:
+        return device_id(self.driver, self.pool, self.device)
+
+    @property
+    def rule(self) -> str:
+        return rule_name(self.id)
+
+
+def rule_name(device: str) -> str:
+    """gpuguard-<hash>: one rule per device, the same name from any replica."""
+    return f"{RULE_PREFIX}{hashlib.sha256(device.encode()).hexdigest()[:16]}"
+
+
+# What marks a DeviceTaintRule as gpuguard's: the controllers list only rules with this label, and a
+# rule of theirs names its node and device in annotations (a node name may be longer than a label).
+RULE_PREFIX = "gpuguard-"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpuguard"
+RULE_NODE_ANNOTATION = "gpuguard.io/node"
+RULE_DEVICE_ANNOTATION = "gpuguard.io/device"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnRule:
+    """One of gpuguard's DeviceTaintRules, as cached."""
+
+    name: str
+    node: str
+    device: str
+    effect: str
+    resource_version: str
+
+
+def own_rule(raw: Mapping[str, Any]) -> OwnRule | None:
+    """A DeviceTaintRule gpuguard created (its label, its name, its annotations); None for any other."""
+    metadata, spec = _mapping(raw.get("metadata")), _mapping(raw.get("spec"))
+    annotations = _mapping(metadata.get("annotations"))
+    name, node, device = (
+        metadata.get("name"),
+        annotations.get(RULE_NODE_ANNOTATION),
+        annotations.get(RULE_DEVICE_ANNOTATION),
+    )
+    if (
+        _mapping(metadata.get("labels")).get(MANAGED_BY_LABEL) != MANAGED_BY
+        or not isinstance(name, str)
+        or not name.startswith(RULE_PREFIX)
+        or not isinstance(node, str)
+        or not isinstance(device, str)
+    ):
+        return None
+    effect = str(_mapping(spec.get("taint")).get("effect", ""))
+    return OwnRule(name, node, device, effect, str(metadata.get("resourceVersion", "")))
+
+
+def rule_object(fence: DeviceFence, node: str, node_uid: str) -> dict[str, Any]:
+    """The DeviceTaintRule of a fence, owned by its Node (the garbage collector removes it with the
+    Node; gpuguard removes it once the device is no longer failed)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": fence.rule,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            "annotations": {RULE_NODE_ANNOTATION: node, RULE_DEVICE_ANNOTATION: fence.id},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}],
+        },
+        "spec": {
+            "deviceSelector": {"driver": fence.driver, "pool": fence.pool, "device": fence.device},
+            "taint": {"key": TAINT_KEY, "effect": fence.effect},
+        },
+    }
+
+
 @dataclass(frozen=True)
 class NodePlan:
     assessment: Assessment
@@ -1174,6 +1296,8 @@ class NodePlan:
     # Why gpuguard keeps its marks on a node whose devices are clear again (repeated failures), until
     # an operator acknowledges it; "" otherwise.
     escalated: str = ""
+    # The DeviceTaintRules gpuguard wants on this node's DRA devices, by device id.
+    fences: Mapping[str, DeviceFence] = field(default_factory=dict)
 
     def budget_slot(self) -> bool:
         """The node takes a place in its pool's budget."""
@@ -1197,6 +1321,7 @@ def plan_node(
     record, clamped_fields = clamped(record, now)
     record = _carried(node, record)
     assessment = assess(node, pods, policy, now, record)
+    fences: dict[str, DeviceFence] = {}
     health = policy.health
     modes: dict[StepAction, Mode] = {
         "condition": policy.health_mode("condition"),
@@ -1245,19 +1370,23 @@ def plan_node(
             record = replace(record, admitted_at=now)
             admitted = True
         summary = _summary(assessment, due)
+        devices = _failed_devices(node, due)
+        # Failed DRA devices are fenced alone; the node is tainted only for what no fence covers.
+        device_only = bool(devices) and all(signal.device_ids for signal in due)
+        effect = _fence_effect(policy)
         if admitted and record.cancelled_at is None:
-            wanted, record = _step(
-                ladder,
-                wanted,
-                record,
-                "taint",
-                modes,
-                held,
-                now,
-                change=not node.tainted,
-                tainted=True,
-                note=f"taint {TAINT_KEY}:NoSchedule: {summary}",
-            )
+            taint: dict[str, Any] = {
+                "change": not node.tainted,
+                "tainted": True,
+                "note": f"taint {TAINT_KEY}:NoSchedule: {summary}",
+            }
+            if device_only:
+                ids = sorted(devices)
+                taint = {
+                    "change": dict(node.dra.fenced) != dict.fromkeys(ids, effect),
+                    "note": f"DeviceTaintRule {TAINT_KEY}:{effect} on {_listed(ids)}: {summary}",
+                }
+            wanted, record = _step(ladder, wanted, record, "taint", modes, held, now, **taint)
             if (
                 record.draining_since is None
                 and assessment.failed_share * 100 >= health.actions.drain.threshold
@@ -1282,6 +1411,12 @@ def plan_node(
                     record = replace(record, draining_since=now, cordoned=not node.unschedulable)
         elif held and disruptive and due:
             ladder.append(Step("taint", "hold", modes["taint"], held))
+        if modes["taint"] != "off":
+            # Until the taint step is done, a None rule: the API's own dry run of the device's eviction.
+            enforced = admitted and not held and record.cancelled_at is None and modes["taint"] == "enforce"
+            fences = {
+                key: replace(device, effect=effect if enforced else "None") for key, device in devices.items()
+            }
         last = record.last_action, record.last_action_at
         condition = _condition(assessment, record, summary, held)
         wanted, record = _mark(steps, wanted, record, node, condition, modes, hands_off, now)
@@ -1317,6 +1452,7 @@ def plan_node(
         record_lost=record_lost,
         clamped=clamped_fields,
         escalated=escalated,
+        fences=fences,
     )
 
 

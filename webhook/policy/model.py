@@ -536,6 +536,13 @@ class CircuitBreaker(_Model):
     windowSeconds: Seconds
 
 
+class Dra(_Model):
+    # Who evicts the pods of a DRA device gpuguard fences once evictions are enforced: the Eviction API
+    # (PodDisruptionBudgets respected), or the device-taint-eviction controller, through a NoExecute
+    # DeviceTaintRule (it deletes without consulting PodDisruptionBudgets).
+    evict: Literal["evictionAPI", "deviceTaint"]
+
+
 class Health(_Model):
     enabled: bool
     mode: ModeField
@@ -548,6 +555,7 @@ class Health(_Model):
     signals: HealthSignals
     # The first entry whose selector matches a node gives its expected device counts.
     expectedDevices: list[ExpectedDevices] = Field(max_length=MAX_PATTERNS)
+    dra: Dra
     recovery: Recovery
     eviction: Eviction
     budget: Budget
