@@ -8,7 +8,7 @@ from typing import Any
 from webhook.policy import health
 
 from .builders import make_policy
-from .test_health import raw_node
+from .test_health import raw_node, raw_pod
 from .test_health_dra import DRIVER, raw_claim, raw_slice, tainted
 from .wired import Wired
 
@@ -112,3 +112,43 @@ def test_rules_gpuguard_did_not_create_are_never_read() -> None:
     wired = Wired(ENFORCE, [dra_node()], slices=[raw_slice()], rules=[theirs, renamed])
     wired.node_health.reconcile("gpu-1")
     assert wired.rules.calls == []
+
+
+def test_the_pods_of_a_fenced_device_are_evicted_through_the_eviction_api_and_their_neighbours_not() -> None:
+    trainer = raw_pod("trainer", gpus=0, claims=["gpu"])
+    neighbour = raw_pod("neighbour", gpus=0, claims=["gpu"])
+    claims = [raw_claim("trainer-gpu"), raw_claim("neighbour-gpu", device="gpu-4", pod="neighbour")]
+    wired = Wired(
+        ENFORCE,
+        [dra_node()],
+        [trainer, neighbour],
+        slices=[raw_slice(taints=tainted(3))],
+        claims=claims,
+        rules=[own_rule("NoSchedule")],
+    )
+    for key in ("ml/trainer", "ml/neighbour"):
+        wired.pod_health.reconcile(key)
+    assert wired.evictions.sent == [("ml", "trainer")]
+
+
+def test_pods_of_a_no_execute_fence_are_left_to_the_device_taint_eviction_controller() -> None:
+    policy = make_policy(
+        {
+            "health": {
+                "mode": "enforce",
+                "dra": {"evict": "deviceTaint"},
+                "signals": {"deviceTaints": {"keys": [], "forSeconds": 0}},
+            }
+        }
+    )
+    wired = Wired(
+        policy,
+        [dra_node()],
+        [raw_pod("trainer", gpus=0, claims=["gpu"])],
+        slices=[raw_slice(taints=tainted(3))],
+        claims=[raw_claim("trainer-gpu")],
+        rules=[own_rule("NoExecute")],
+    )
+    wired.pod_health.reconcile("ml/trainer")
+    wired.node_health.reconcile("gpu-1")
+    assert wired.evictions.sent == [] and wired.rules.calls == []

@@ -56,12 +56,14 @@ def sliced(**kwargs: Any) -> SliceFacts:
     return facts
 
 
-def raw_claim(name: str = "trainer-gpu", *, device: str = "gpu-3", conditions: Sequence[JSON] = ()) -> JSON:
+def raw_claim(
+    name: str = "trainer-gpu", *, device: str = "gpu-3", pod: str = "trainer", conditions: Sequence[JSON] = ()
+) -> JSON:
     status: JSON = {
         "allocation": {
             "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "gpu-1", "device": device}]}
         },
-        "reservedFor": [{"resource": "pods", "name": "trainer", "uid": "uid-trainer"}],
+        "reservedFor": [{"resource": "pods", "name": pod, "uid": f"uid-{pod}"}],
     }
     if conditions:
         status["devices"] = [

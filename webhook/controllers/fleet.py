@@ -190,6 +190,9 @@ class DraIndex:
         self._pool_nodes: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
         self._claims: dict[str, ClaimFacts] = {}
         self._pool_claims: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        # device id -> the claims allocated it; pod key -> the claims reserved for it.
+        self._device_claims: dict[str, set[str]] = collections.defaultdict(set)
+        self._pod_claims: dict[str, set[str]] = collections.defaultdict(set)
         # gpuguard's DeviceTaintRules by node, then by device.
         self._rules: dict[str, dict[str, OwnRule]] = collections.defaultdict(dict)
         self._lock = threading.Lock()
@@ -218,10 +221,18 @@ class DraIndex:
             pools = _pools(old) | _pools(change.new)
             for pool in _pools(old):
                 _unlink(self._pool_claims, pool, key)
+            for device in _devices(old):
+                _unlink(self._device_claims, device, key)
+            for pod in _users(old):
+                _unlink(self._pod_claims, pod, key)
             if change.new is not None:
                 self._claims[key] = change.new
                 for pool in _pools(change.new):
                     self._pool_claims[pool].add(key)
+                for device in _devices(change.new):
+                    self._device_claims[device].add(key)
+                for pod in _users(change.new):
+                    self._pod_claims[pod].add(key)
             nodes = {node for pool in pools for node in self._pool_nodes.get(pool, ())}
         return tuple(sorted(nodes))
 
@@ -244,6 +255,25 @@ class DraIndex:
         with self._lock:
             return dict(self._rules.get(node, {}))
 
+    def pods_using(self, device: str) -> list[str]:
+        """The pods (keys) the claims allocated this device are reserved for."""
+        with self._lock:
+            claims = [self._claims[key] for key in self._device_claims.get(device, ())]
+        return sorted({pod for claim in claims for pod in _users(claim)})
+
+    def fenced_devices_of(self, pod: str, effect: str) -> tuple[str, ...]:
+        """The devices of the pod's claims that carry gpuguard's DeviceTaintRule of this effect."""
+        with self._lock:
+            claims = [self._claims[key] for key in self._pod_claims.get(pod, ())]
+            rules = {device: rule for node in self._rules.values() for device, rule in node.items()}
+        return tuple(
+            sorted({d for c in claims for d in _devices(c) if d in rules and rules[d].effect == effect})
+        )
+
+    def joined(self, node: NodeFacts) -> NodeFacts:
+        """The node with the DRA devices its ResourceSlices publish (the Node says nothing of them)."""
+        return health.with_devices(node, self.devices_of(node.name))
+
     def devices_of(self, node: str) -> NodeDevices:
         with self._lock:
             slices = [self._slices[name] for name in sorted(self._by_node.get(node, ()))]
@@ -257,6 +287,14 @@ class DraIndex:
 
 def _pools(claim: ClaimFacts | None) -> set[tuple[str, str]]:
     return {(device.driver, device.pool) for device in claim.devices} if claim is not None else set()
+
+
+def _devices(claim: ClaimFacts | None) -> set[str]:
+    return {device.id for device in claim.devices} if claim is not None else set()
+
+
+def _users(claim: ClaimFacts | None) -> set[str]:
+    return {f"{claim.namespace}/{pod}" for pod in claim.pods} if claim is not None else set()
 
 
 def _unlink(index: dict[_K, set[str]], key: _K, value: str) -> None:

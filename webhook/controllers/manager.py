@@ -240,7 +240,7 @@ class ControllerManager:
     def _policy_loaded(self, policy: Policy) -> None:
         """Another policy may select other nodes, pools or modes: decide on everything again."""
         for node in self.nodes.snapshot().values():
-            self.controllers.ledger.classify(self.controllers.node_health.joined(node), policy)
+            self.controllers.ledger.classify(self.controllers.dra.joined(node), policy)
         if self.elector.leading:
             # First the breaker: a trip said in audit holds once a disruptive action is enforced,
             # before any worker acts under the new policy.

@@ -156,7 +156,7 @@ class NodeHealth:
             self.ledger.forget(name)
             self._reported_errors.discard(name)
         else:
-            self.ledger.classify(self.joined(change.new), self.policy())
+            self.ledger.classify(self.dra.joined(change.new), self.policy())
         self.controller.enqueue(name)
         if change.new is not None and change.new.record is not None and change.new.record.draining_since:
             self.on_drain(name)
@@ -172,12 +172,8 @@ class NodeHealth:
         for name in nodes:
             facts = self.nodes.get(name)
             if facts is not None:
-                self.ledger.classify(self.joined(facts), policy)
+                self.ledger.classify(self.dra.joined(facts), policy)
                 self.controller.enqueue(name)
-
-    def joined(self, facts: NodeFacts) -> NodeFacts:
-        """The node with the DRA devices its ResourceSlices publish."""
-        return health.with_devices(facts, self.dra.devices_of(facts.name))
 
     def enqueue_all(self) -> None:
         for name in self.nodes.snapshot():
@@ -187,7 +183,7 @@ class NodeHealth:
 
     def reconcile(self, name: str) -> Result:
         node = self.nodes.get(name)
-        facts = self.joined(node) if node is not None else None
+        facts = self.dra.joined(node) if node is not None else None
         if facts is None:
             self.ledger.forget(name)
             self._reported_errors.discard(name)

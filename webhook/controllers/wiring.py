@@ -60,6 +60,7 @@ class HealthControllers:
             nodes=nodes,
             index=self.index,
             reports=self.reports,
+            dra=self.dra,
             namespace_labels=namespace_labels,
             breaker=self.breaker,
             fleet_size=self.ledger.fleet_size,
@@ -94,11 +95,9 @@ class HealthControllers:
         if slices is not None:
             slices.on_change(lambda change: self.node_health.devices_changed(self.dra.slice_changed(change)))
         if claims is not None:
-            claims.on_change(lambda change: self.node_health.devices_changed(self.dra.claim_changed(change)))
+            claims.on_change(self.claim_changed)
         if own_rules is not None:
-            own_rules.on_change(
-                lambda change: self.node_health.devices_changed(self.dra.rule_changed(change))
-            )
+            own_rules.on_change(self.rule_changed)
 
     def pod_changed(self, change: Change[PodFacts]) -> None:
         # Remembered before either controller is enqueued: neither decides on a status not yet counted.
@@ -106,9 +105,20 @@ class HealthControllers:
         self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
         self.pod_health.pod_changed(change)
 
+    def claim_changed(self, change: Change[ClaimFacts]) -> None:
+        self.node_health.devices_changed(self.dra.claim_changed(change))
+        claims = [claim for claim in (change.old, change.new) if claim is not None]
+        self.pod_health.enqueue(sorted({f"{c.namespace}/{pod}" for c in claims for pod in c.pods}))
+
+    def rule_changed(self, change: Change[OwnRule]) -> None:
+        """A fence's effect decides whether the pod watcher evicts the pods of its device."""
+        self.node_health.devices_changed(self.dra.rule_changed(change))
+        rules = [rule for rule in (change.old, change.new) if rule is not None]
+        self.pod_health.enqueue(sorted({pod for rule in rules for pod in self.dra.pods_using(rule.device)}))
+
     def seed(self, nodes: Iterable[NodeFacts], policy: Policy, now: datetime.datetime) -> None:
         """Takes the records the nodes carry into the ledger and the breaker's log."""
-        nodes = [self.node_health.joined(node) for node in nodes]
+        nodes = [self.dra.joined(node) for node in nodes]
         self.ledger.seed(nodes, policy, now)
         self.breaker.seed(nodes)
 

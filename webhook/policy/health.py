@@ -1852,10 +1852,12 @@ def pod_verdict(
     draining: bool = False,
     unknown_since: datetime.datetime | None = None,
     driver_settled: bool = False,
+    fenced: Sequence[str] = (),
 ) -> PodVerdict:
     """Whether a pod should be evicted: it holds an accelerator device reported Unhealthy, or Unknown
     for podDeviceHealth.unknownForSeconds (since `unknown_since`; only a device reported before, while
-    its node's plugins are `driver_settled`), or its node is being drained."""
+    its node's plugins are `driver_settled`), or DRA devices gpuguard `fenced` (NoSchedule rules, whose
+    pods the Eviction API evicts), or its node is being drained."""
     if pod.terminal or pod.deleting or not pod.node:
         return NO_EVICTION
     if pod.disruption_target:
@@ -1870,6 +1872,9 @@ def pod_verdict(
     unhealthy = _reported_devices(pod, policy, "Unhealthy", driver_settled=driver_settled)
     if unhealthy:
         return PodVerdict(True, "DeviceUnhealthy", f"{_devices(unhealthy)} reported Unhealthy")
+    if fenced:
+        note = f"DRA device {', '.join(fenced)} failed, fenced by DeviceTaintRule {TAINT_KEY}:NoSchedule"
+        return PodVerdict(True, "DeviceUnhealthy", note)
     unknown = _reported_devices(pod, policy, "Unknown", driver_settled=driver_settled)
     wait = policy.health.signals.podDeviceHealth.unknownForSeconds
     if unknown and wait is not None and not draining:
