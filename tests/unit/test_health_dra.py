@@ -7,6 +7,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from webhook.cli import nodes
+from webhook.controllers.fleet import BreakerState
+from webhook.controllers.report import Row
 from webhook.policy import health
 from webhook.policy.health import TAINT_KEY, ClaimFacts, DeviceFence, NodeFacts, NodeRecord, SliceFacts
 
@@ -324,3 +327,23 @@ def test_a_claim_device_reported_unhealthy_is_fenced() -> None:
     policy = enforcing(signals={"deviceGap": {"forSeconds": 0}})
     plan = health.plan_node(dra_node(sliced()), [holder], policy, FREE, NOW)
     assert fenced(plan) == {GPU_3: "NoSchedule"} and not plan.tainted
+
+
+def test_gpuguard_nodes_shows_dra_devices_beside_extended_resources_and_explains_them() -> None:
+    informational = {"key": "gpu.nvidia.com/unmonitored", "effect": "None"}
+    claim = claimed(device="gpu-5", conditions=[{"type": "Ready", "status": "True", "reason": "Prepared"}])
+    facts = dra_node(sliced(taints={3: [XID], 4: [informational]}), claims=[claim])
+    plan = health.plan_node(
+        facts, [], ENFORCE, FREE, later(60), NodeRecord(signals={f"deviceTaint/{DRIVER}": NOW})
+    )
+    closed = BreakerState(False, None, "", None, "")
+    table = nodes.health_table([Row(facts, plan)], closed, later(60))
+    assert f"{DRIVER}=7/8" in table
+    explained = nodes.explain(Row(facts, plan), ENFORCE, closed, later(60))
+    assert (
+        f"  {GPU_3}: taint gpu.nvidia.com/xid=79:NoSchedule (ResourceSlice gpu-1-gpu.example.com-a); "
+        in explained
+    )
+    assert f"DeviceTaintRule {health.rule_name(GPU_3)}: none, wanted NoSchedule" in explained
+    assert f"  {DRIVER}/gpu-1/gpu-4: taint gpu.nvidia.com/unmonitored:None (ResourceSlice" in explained
+    assert f"  {DRIVER}/gpu-1/gpu-5: claim condition Ready=True Prepared" in explained
