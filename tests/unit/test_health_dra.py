@@ -347,3 +347,12 @@ def test_gpuguard_nodes_shows_dra_devices_beside_extended_resources_and_explains
     assert f"DeviceTaintRule {health.rule_name(GPU_3)}: none, wanted NoSchedule" in explained
     assert f"  {DRIVER}/gpu-1/gpu-4: taint gpu.nvidia.com/unmonitored:None (ResourceSlice" in explained
     assert f"  {DRIVER}/gpu-1/gpu-5: claim condition Ready=True Prepared" in explained
+
+
+def test_without_device_taint_rules_served_the_node_is_tainted_instead() -> None:
+    facts = dra_node(sliced(taints=tainted(3)))
+    unfenced = health.with_devices(facts, dataclasses.replace(facts.dra, fencing=False))
+    plan = health.plan_node(
+        unfenced, [], enforcing(signals={"deviceTaints": {"keys": [], "forSeconds": 0}}), FREE, NOW
+    )
+    assert plan.tainted and plan.fences == {}

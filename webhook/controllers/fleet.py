@@ -183,7 +183,9 @@ class DraIndex:
     A claim belongs to the nodes whose slices publish the pools of its devices, whichever of the two
     the informers deliver first."""
 
-    def __init__(self) -> None:
+    def __init__(self, fencing: Callable[[], bool] = lambda: True) -> None:
+        # Whether DeviceTaintRules are served (`NodeDevices.fencing`).
+        self.fencing = fencing
         self._slices: dict[str, SliceFacts] = {}
         self._by_node: dict[str, set[str]] = collections.defaultdict(set)
         # (driver, pool) -> the nodes publishing it, and the claims allocated from it.
@@ -282,7 +284,8 @@ class DraIndex:
             claims = [self._claims[key] for key in sorted(keys)]
             fenced = {device: rule.effect for device, rule in self._rules.get(node, {}).items()}
         devices = health.node_devices(slices, claims) if slices else health.NO_DRA_DEVICES
-        return replace(devices, fenced=fenced) if fenced else devices
+        fencing = self.fencing()
+        return replace(devices, fenced=fenced, fencing=fencing) if fenced or not fencing else devices
 
 
 def _pools(claim: ClaimFacts | None) -> set[tuple[str, str]]:

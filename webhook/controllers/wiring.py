@@ -51,7 +51,7 @@ class HealthControllers:
     ) -> None:
         self.ledger = Ledger()
         self.index = PodIndex()
-        self.dra = DraIndex()
+        self.dra = DraIndex(fencing=lambda: own_rules is not None and own_rules.served)
         self.reports = DeviceReports()
         self.breaker = Breaker(breaker_store, clock)
         self.limits = EvictionRateLimits(clock=lambda: clock().timestamp())

@@ -316,6 +316,9 @@ class NodeDevices:
     updating: frozenset[str] = frozenset()
     # device id -> the effect of gpuguard's DeviceTaintRule on it (joined in from the rules' cache).
     fenced: Mapping[str, str] = field(default_factory=dict)
+    # The API server serves DeviceTaintRules (resource.k8s.io/v1 from 1.37): without them a failed
+    # device cannot be fenced alone, and its node is tainted instead.
+    fencing: bool = True
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -1370,7 +1373,7 @@ def plan_node(
             record = replace(record, admitted_at=now)
             admitted = True
         summary = _summary(assessment, due)
-        devices = _failed_devices(node, due)
+        devices = _failed_devices(node, due) if node.dra.fencing else {}
         # Failed DRA devices are fenced alone; the node is tainted only for what no fence covers.
         device_only = bool(devices) and all(signal.device_ids for signal in due)
         effect = _fence_effect(policy)
