@@ -1,7 +1,7 @@
 """The controllers at fleet scale: `gpuguard controllers` against 20,000 Nodes and 200,000 Pods in a real
 kube-apiserver (etcd + kube-apiserver from tests/controlplane, as the end-to-end tests run them).
 
-    python -m bench.controllers [--nodes 20000] [--pods-per-node 10] [--samples 50]
+    python -m bench.controllers [--nodes 20000] [--pods-per-node 10] [--samples 50] [--dra]
 
 Measures the time from starting the process to its caches synced (/readyz) and to its first pass over
 every node and pod done (work queues empty), its resident memory then, and the reaction time: from a
@@ -9,6 +9,12 @@ node's allocatable dropping (the status patch answered) to gpuguard's taint bein
 gap's persistence set to 0. Floors, by fleet size: up to 5,000 nodes synced <= 30 s and RSS <= 300 MB;
 up to 20,000 nodes (the largest GPU clusters) synced <= 60 s and RSS <= 600 MB; reaction p99 <= 2 s at
 any size.
+
+With --dra the nodes are DRA nodes: no extended resource, a ResourceSlice of 8 GPUs each (driver
+gpu.example.com), and every GPU worker holds a ResourceClaim allocated one of them and reserved for it.
+The reaction is then from the answered update of a slice that taints one device (as NVIDIA's driver on
+XID 79) to gpuguard's DeviceTaintRule for that device existing. Floors as above (5,000 DRA nodes and
+50,000 claims: synced <= 30 s, RSS <= 300 MB, reaction p99 <= 2 s).
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ from bench.bench import rss_mb  # noqa: E402
 from webhook.policy import health  # noqa: E402
 
 GPU = "nvidia.com/gpu"
+DRA_DRIVER = "gpu.example.com"
+DRA_DEVICES = 8
+RESOURCE_API = "/apis/resource.k8s.io/v1"
 NAMESPACE = "bench"
 # (up to this many nodes, synced within seconds, RSS within MB), smallest fleet first.
 FLOORS_BY_SIZE = ((5_000, 30.0, 300.0), (20_000, 60.0, 600.0))
@@ -53,18 +62,20 @@ say: Callable[[str], None] = lambda text: print(f"bench: {text}", file=sys.stder
 
 
 def policy() -> JSON:
-    """Enforce at once: a gap acts with no persistence, and no budget or breaker holds."""
+    """Enforce at once: a gap or a driver taint acts with no persistence, and no budget or breaker holds."""
     return {
         "health": {
             "mode": "enforce",
-            "signals": {"deviceGap": {"forSeconds": 0}},
+            "signals": {"deviceGap": {"forSeconds": 0}, "deviceTaints": {"keys": [], "forSeconds": 0}},
             "budget": {"maxUnhealthy": "100%"},
             "circuitBreaker": {"maxNodes": "100%"},
         }
     }
 
 
-def nodes(count: int) -> Iterator[JSON]:
+def nodes(count: int, *, dra: bool = False) -> Iterator[JSON]:
+    """GPU nodes: 8 `nvidia.com/gpu` each, or with `dra` none (their slices say they have GPUs)."""
+    gpus = {} if dra else {GPU: "8"}
     for index in range(count):
         pool = f"pool-{index % 20}"
         yield {
@@ -81,36 +92,41 @@ def nodes(count: int) -> Iterator[JSON]:
                 },
             },
             "status": {
-                "capacity": {"cpu": "192", "memory": "2Ti", "pods": "110", GPU: "8"},
-                "allocatable": {"cpu": "190", "memory": "1950Gi", "pods": "110", GPU: "8"},
+                "capacity": {"cpu": "192", "memory": "2Ti", "pods": "110", **gpus},
+                "allocatable": {"cpu": "190", "memory": "1950Gi", "pods": "110", **gpus},
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
             },
         }
 
 
-def pods(node_count: int, per_node: int) -> Iterator[tuple[str, JSON]]:
-    """Per node: its device plugin (a DaemonSet's pod) and `per_node - 1` GPU workers, bound."""
+def pods(node_count: int, per_node: int, *, dra: bool = False) -> Iterator[tuple[str, JSON]]:
+    """Per node: its device plugin (a DaemonSet's pod) and `per_node - 1` GPU workers, bound; with `dra`
+    each worker holds its own ResourceClaim (named after it) instead of an extended resource."""
+    gpu: JSON = {} if dra else {GPU: "1"}
     for index in range(node_count):
         node = f"gpu-{index:05d}"
         yield PLUGIN_NAMESPACE, device_plugin_pod(node, "nvcr.io/nvidia/k8s-device-plugin:v0.17.0")
         for worker in range(per_node - 1):
+            name = f"train-{index:05d}-{worker}"
+            claims: JSON = {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}]} if dra else {}
             yield (
                 NAMESPACE,
                 {
                     "apiVersion": "v1",
                     "kind": "Pod",
-                    "metadata": {
-                        "name": f"train-{index:05d}-{worker}",
-                        "labels": {"app": "train", "job-name": f"train-{index:05d}"},
-                    },
+                    "metadata": {"name": name, "labels": {"app": "train", "job-name": f"train-{index:05d}"}},
                     "spec": {
                         "nodeName": node,
                         "restartPolicy": "Never",
+                        **claims,
                         "containers": [
                             {
                                 "name": "main",
                                 "image": "registry.example/train:1",
-                                "resources": {"limits": {GPU: "1", "cpu": "16", "memory": "200Gi"}},
+                                "resources": {
+                                    "limits": {**gpu, "cpu": "16", "memory": "200Gi"},
+                                    **({"claims": [{"name": "gpu"}]} if dra else {}),
+                                },
                                 "env": [{"name": "RANK", "value": str(worker)}],
                             }
                         ],
@@ -146,26 +162,80 @@ class Api:
         return result
 
 
-def create_all(api: Api, items: Iterator[tuple[str, JSON]]) -> int:
-    """POSTs every (collection path, object) with POSTERS threads; returns how many."""
+def create_all(api: Api, items: Iterator[tuple[str, JSON]]) -> list[JSON]:
+    """POSTs every (collection path, object) with POSTERS threads; returns what the server answered."""
     with concurrent.futures.ThreadPoolExecutor(POSTERS) as pool:
         futures = [pool.submit(api.call, "POST", path, obj) for path, obj in items]
-        for future in futures:
-            future.result()
-    return len(futures)
+        return [future.result() for future in futures]
 
 
-def populate(plane: ControlPlane, api: Api, node_count: int, per_node: int) -> None:
+def resource_slice(node: str, generation: int = 1, tainted: int | None = None) -> JSON:
+    """What a DRA driver's kubelet plugin publishes for the node; `tainted` names the device its health
+    check failed (NVIDIA's driver: gpu.nvidia.com/xid NoSchedule on XID 79)."""
+    xid = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRA_DRIVER}"},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": [
+                {"name": f"gpu-{i}", **({"taints": xid} if i == tainted else {})} for i in range(DRA_DEVICES)
+            ],
+        },
+    }
+
+
+def allocate(api: Api, pod: JSON) -> None:
+    """The worker's claim, as the scheduler and the resource claim controller leave it: allocated one
+    of its node's devices, reserved for the pod."""
+    name, node, uid = pod["metadata"]["name"], pod["spec"]["nodeName"], pod["metadata"]["uid"]
+    claims = f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims"
+    request = {"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER}}
+    api.call("POST", claims, {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}})
+    device = f"gpu-{int(name.rsplit('-', 1)[1]) % DRA_DEVICES}"
+    status = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRA_DRIVER, "pool": node, "device": device}]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        },
+        "reservedFor": [{"resource": "pods", "name": name, "uid": uid}],
+    }
+    api.call("PATCH", f"{claims}/{name}/status", {"status": status}, "application/merge-patch+json")
+
+
+def populate(plane: ControlPlane, api: Api, node_count: int, per_node: int, *, dra: bool) -> None:
     for namespace in (NAMESPACE, PLUGIN_NAMESPACE):
         plane.kubectl("create", "namespace", namespace)
     start = time.monotonic()
-    created = create_all(api, (("/api/v1/nodes", node) for node in nodes(node_count)))
-    say(f"{created} nodes in {time.monotonic() - start:.0f} s")
+    created = create_all(api, (("/api/v1/nodes", node) for node in nodes(node_count, dra=dra)))
+    say(f"{len(created)} nodes in {time.monotonic() - start:.0f} s")
     start = time.monotonic()
     created = create_all(
-        api, ((f"/api/v1/namespaces/{ns}/pods", pod) for ns, pod in pods(node_count, per_node))
+        api, ((f"/api/v1/namespaces/{ns}/pods", pod) for ns, pod in pods(node_count, per_node, dra=dra))
     )
-    say(f"{created} pods in {time.monotonic() - start:.0f} s")
+    say(f"{len(created)} pods in {time.monotonic() - start:.0f} s")
+    if dra:
+        start = time.monotonic()
+        slices = create_all(
+            api,
+            ((f"{RESOURCE_API}/resourceslices", resource_slice(f"gpu-{i:05d}")) for i in range(node_count)),
+        )
+        workers = [pod for pod in created if pod["metadata"]["namespace"] == NAMESPACE]
+        with concurrent.futures.ThreadPoolExecutor(POSTERS) as pool:
+            for future in [pool.submit(allocate, api, pod) for pod in workers]:
+                future.result()
+        say(
+            f"{len(slices)} ResourceSlices and {len(workers)} allocated claims in {time.monotonic() - start:.0f} s"
+        )
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(POSTERS) as pool:
         for step in (node_ready, plugin_running):
@@ -266,6 +336,28 @@ def reaction(api: Api, node: str) -> float:
         time.sleep(TAINT_POLL_S)
 
 
+def dra_reaction(api: Api, node: str) -> float:
+    """Seconds from the answered update of the node's slice that taints gpu-0 (a new pool generation,
+    as a driver publishes it) to gpuguard's DeviceTaintRule for that device existing."""
+    rule = health.rule_name(f"{DRA_DRIVER}/{node}/gpu-0")
+    path = f"{RESOURCE_API}/resourceslices/{node}-{DRA_DRIVER}"
+    current = api.call("GET", path)
+    updated = resource_slice(node, generation=2, tainted=0)
+    updated["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    api.call("PUT", path, updated)
+    tainted = time.monotonic()
+    while True:
+        try:
+            api.call("GET", f"{RESOURCE_API}/devicetaintrules/{rule}")
+            return time.monotonic() - tainted
+        except RuntimeError as exc:
+            if ": 404 " not in str(exc):
+                raise
+        if time.monotonic() - tainted > 30:
+            raise TimeoutError(f"no DeviceTaintRule for {node}/gpu-0 within 30 s")
+        time.sleep(TAINT_POLL_S)
+
+
 def floors(node_count: int) -> tuple[float, float]:
     """Synced within (s) and RSS within (MB) for a fleet of this size: the floor of the smallest size
     class that holds it (a fleet past the largest is judged by the largest's)."""
@@ -292,6 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--bin-dir", type=Path, default=None, help="the Go-built control plane (default: build.sh's)"
     )
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="DRA nodes: ResourceSlices and a claim per worker, no extended resource",
+    )
     args = parser.parse_args(argv)
     if args.bin_dir is None:
         build = REPO_ROOT / "tests" / "controlplane" / "build.sh"
@@ -303,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ControlPlane.start(bin_dir, Path(work)) as plane,
     ):
         api = Api(plane)
-        populate(plane, api, args.nodes, args.pods_per_node)
+        populate(plane, api, args.nodes, args.pods_per_node, dra=args.dra)
         controllers = Controllers(plane, Path(work))
         try:
             synced = controllers.wait(lambda: controllers.get("/readyz")[0] == 200, "caches synced")
@@ -313,9 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(
                 f"synced in {synced:.1f} s ({synced_rss:.0f} MB), first pass done at {settled:.1f} s ({settled_rss:.0f} MB)"
             )
+            react = dra_reaction if args.dra else reaction
             times = [
-                reaction(api, f"gpu-{index * (args.nodes // args.samples):05d}")
-                for index in range(args.samples)
+                react(api, f"gpu-{index * (args.nodes // args.samples):05d}") for index in range(args.samples)
             ]
             peak_rss = rss_mb(controllers.process.popen.pid)
         finally:
@@ -337,14 +434,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             max(synced_rss, settled_rss, peak_rss) <= floor_rss_mb,
         ),
         (
-            f"allocatable dropped -> taint written, p50 / p99 / max of {len(times)}",
+            f"{'driver taint -> DeviceTaintRule' if args.dra else 'allocatable dropped -> taint'} written, "
+            f"p50 / p99 / max of {len(times)}",
             f"{p50 * 1000:.0f} / {p99 * 1000:.0f} / {max(times) * 1000:.0f} ms",
             f"p99 <= {FLOOR_REACTION_P99_S:g} s",
             p99 <= FLOOR_REACTION_P99_S,
         ),
     ]
+    claims = f", {args.nodes * (args.pods_per_node - 1)} claims" if args.dra else ""
     print(
-        f"gpuguard controllers, {args.nodes} nodes and {args.nodes * args.pods_per_node} pods, Kubernetes {plane.version}\n"
+        f"gpuguard controllers, {args.nodes} {'DRA ' if args.dra else ''}nodes and "
+        f"{args.nodes * args.pods_per_node} pods{claims}, Kubernetes {plane.version}\n"
     )
     print("| measurement | figure | floor | |\n|---|---|---|---|")
     for name, figure, floor, met in rows:

@@ -656,6 +656,19 @@ def _pod_item(raw: JSON) -> tuple[Hashable, PodFacts] | None:
     return (pod.key, pod) if pod is not None else None
 
 
+class NoDeviceRules:
+    """`DeviceTaintRules` of a fleet without DRA devices: nothing is ever fenced, so nothing is sent."""
+
+    def create(self, body: JSON) -> None:
+        raise AssertionError(f"the fleet day has no DRA device to fence: {body['metadata']['name']}")
+
+    def patch_effect(self, name: str, resource_version: str, effect: str) -> None:
+        raise AssertionError(f"the fleet day has no DeviceTaintRule {name}")
+
+    def delete(self, name: str, resource_version: str) -> None:
+        raise AssertionError(f"the fleet day has no DeviceTaintRule {name}")
+
+
 class Replay:
     """gpuguard's controllers and node agents wired as `gpuguard controllers` wires them, on this thread."""
 
@@ -680,6 +693,7 @@ class Replay:
             namespace_labels=lambda namespace: {},
             policy=lambda: policy,
             writes=NodeApi(cluster),
+            rules=NoDeviceRules(),
             evictions=EvictionApi(cluster),
             breaker_store=BreakerConfigMap(cluster, lambda: self.controllers.breaker),
             events=self.events,

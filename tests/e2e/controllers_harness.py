@@ -38,6 +38,8 @@ from webhook_harness import REPO_ROOT, metric_samples
 from webhook.policy import health
 
 GPU = "nvidia.com/gpu"
+# The DRA driver the tests play (an accelerators.draDrivers name: gpu.*).
+DRA_DRIVER = "gpu.example.com"
 NAMESPACE = "gpuguard"
 SERVICE_ACCOUNT = "gpuguard-controllers"
 KCM_CONTROLLERS = (
@@ -45,6 +47,8 @@ KCM_CONTROLLERS = (
     "disruption-controller",
     "taint-eviction-controller",
     "pod-garbage-collector-controller",
+    # What a NoExecute DeviceTaintRule hands the pods of a DRA device to.
+    "device-taint-eviction-controller",
 )
 TEST_LABEL = "gpuguard-e2e/test"
 POOL_LABEL = "karpenter.sh/nodepool"
@@ -274,6 +278,41 @@ class Kubelet:
         self.plane.kubectl("create", "-f", "-", input=json.dumps(pod))
         return name
 
+    def allocated_claim(self, namespace: str, pod: str, node: str, device: str) -> str:
+        """What the scheduler and the resource claim controller leave for a claim pod's `gpu` claim
+        (`claim_pod`): the ResourceClaim, allocated `device` of the node's pool, reserved for the pod."""
+        name = f"{pod}-gpu"
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER}}]}},
+        }
+        self.plane.kubectl("create", "-f", "-", input=json.dumps(claim))
+        uid = self.plane.kubectl_json("get", "pod", pod, "-n", namespace)["metadata"]["uid"]
+        on_node = {"key": "metadata.name", "operator": "In", "values": [node]}
+        status = {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": DRA_DRIVER, "pool": node, "device": device}]
+                },
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [on_node]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": uid}],
+        }
+        self.plane.kubectl(
+            "patch",
+            "resourceclaim",
+            name,
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+        )
+        return name
+
     def bind(self, namespace: str, pod: str, node: str) -> None:
         """What the scheduler does: the binding subresource (a Job's pods come unscheduled)."""
         binding = {
@@ -383,7 +422,41 @@ class Kubelet:
             json.dumps({"status": status}),
         )
 
+    def resource_slice(
+        self,
+        node: str,
+        *,
+        devices: int = 8,
+        generation: int = 1,
+        taints: Mapping[int, list[JSON]] | None = None,
+    ) -> str:
+        """What a DRA driver's kubelet plugin publishes: one ResourceSlice of `devices` GPUs for the
+        node's pool (named after the node, as node-local drivers do), `taints` by device index."""
+        name = f"{node}-{DRA_DRIVER}"
+        piece = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name, "labels": {TEST_LABEL: self.test}},
+            "spec": {
+                "driver": DRA_DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": f"gpu-{i}", **({"taints": (taints or {})[i]} if i in (taints or {}) else {})}
+                    for i in range(devices)
+                ],
+            },
+        }
+        self.plane.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(piece))
+        return name
+
     def cleanup(self) -> None:
+        self.plane.kubectl(
+            "delete", "resourceslices", "-l", f"{TEST_LABEL}={self.test}", "--ignore-not-found", check=False
+        )
+        # gpuguard's rules are owned by their Node, and no garbage collector runs here.
+        own = f"{health.MANAGED_BY_LABEL}={health.MANAGED_BY}"
+        self.plane.kubectl("delete", "devicetaintrules", "-l", own, "--ignore-not-found", check=False)
         for node in self.nodes:
             self.plane.kubectl(
                 "delete",

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from controllers_harness import (
+    DRA_DRIVER,
     GPU,
     KCM_CONTROLLERS,
     LEASE_SECONDS,
@@ -336,6 +337,138 @@ def test_a_disruption_budget_holds_the_eviction_and_the_controller_reports_it_st
         cluster.kubectl_json("get", "pod", "serve-1", "-n", ns)["metadata"].get("deletionTimestamp") is None
     )
     kubelet.finish_deletion(ns, "serve-0")
+
+
+# --- DRA ---------------------------------------------------------------------------------------------
+
+XID_79 = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+
+
+def device_rules(cluster: ControlPlane) -> dict[str, dict[str, Any]]:
+    """Every DeviceTaintRule in the cluster, by name."""
+    listed = json.loads(cluster.kubectl("get", "devicetaintrules", "-o", "json").stdout)["items"]
+    return {rule["metadata"]["name"]: rule for rule in listed}
+
+
+def test_a_driver_taint_in_a_resource_slice_fences_that_device_alone_until_republished_without(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    """A DRA node has no extended resource: its ResourceSlice is the only thing that says it has GPUs,
+    and a driver taint on one of them (NVIDIA's driver on XID 79) the only sign of the failure. The
+    device gets gpuguard's DeviceTaintRule, the node keeps no taint; an admin's rule is left alone."""
+    theirs = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": f"{test_id}-admin"},
+        "spec": {
+            "deviceSelector": {"driver": DRA_DRIVER, "pool": f"{test_id}-a", "device": "gpu-3"},
+            "taint": {"key": "example.com/maintenance", "effect": "None"},
+        },
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(theirs))
+    admin_version = device_rules(cluster)[f"{test_id}-admin"]["metadata"]["resourceVersion"]
+    controllers = start(fast_policy(test_id, signals={"deviceTaints": {"keys": [], "forSeconds": 2}}))
+    name = kubelet.node(f"{test_id}-a", capacity=None, plugin=False)
+    kubelet.resource_slice(name, taints={3: [XID_79]})
+    device = f"{DRA_DRIVER}/{name}/gpu-3"
+    rule_name = health.rule_name(device)
+
+    eventually(
+        lambda: rule_name in device_rules(cluster), what="the DeviceTaintRule", processes=[controllers]
+    )
+    rule = device_rules(cluster)[rule_name]
+    assert rule["spec"]["deviceSelector"] == {"driver": DRA_DRIVER, "pool": name, "device": "gpu-3"}
+    assert (rule["spec"]["taint"]["key"], rule["spec"]["taint"]["effect"]) == (health.TAINT_KEY, "NoSchedule")
+    assert rule["metadata"]["ownerReferences"][0]["name"] == name
+    condition = own_condition(cluster, name)
+    assert condition is not None and condition["status"] == "False"
+    assert f"{DRA_DRIVER}: 1 of 8 devices tainted by their driver: {device}" in condition["message"]
+    assert TAINT not in taints(cluster, name)
+    node_record = record(cluster, name)
+    assert node_record is not None and node_record["expected"] == {DRA_DRIVER: 8}
+
+    kubelet.resource_slice(name, generation=2)
+    eventually(
+        lambda: rule_name not in device_rules(cluster), what="the rule deleted", processes=[controllers]
+    )
+    eventually(lambda: own_condition(cluster, name) is None, what="recovery", processes=[controllers])
+    assert device_rules(cluster)[f"{test_id}-admin"]["metadata"]["resourceVersion"] == admin_version
+    cluster.kubectl("delete", "devicetaintrule", f"{test_id}-admin")
+
+
+def test_audit_mode_fences_a_failed_dra_device_with_a_none_rule_only(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
+) -> None:
+    """The API's own dry run: a None rule, whose status says what NoExecute would evict; nothing else."""
+    policy = fast_policy(test_id, mode="audit", signals={"deviceTaints": {"keys": [], "forSeconds": 0}})
+    controllers = start(policy)
+    name = kubelet.node(f"{test_id}-a", capacity=None, plugin=False)
+    kubelet.resource_slice(name, taints={3: [XID_79]})
+    rule_name = health.rule_name(f"{DRA_DRIVER}/{name}/gpu-3")
+    eventually(lambda: rule_name in device_rules(cluster), what="the None rule", processes=[controllers])
+    assert device_rules(cluster)[rule_name]["spec"]["taint"]["effect"] == "None"
+    eventually(
+        lambda: "WouldTaintNode" in reasons(cluster, kind="Node", name=name),
+        what="the Event",
+        processes=[controllers],
+    )
+    assert own_condition(cluster, name) is None and TAINT not in taints(cluster, name)
+    kubelet.resource_slice(name, generation=2)
+    eventually(
+        lambda: rule_name not in device_rules(cluster), what="the rule deleted", processes=[controllers]
+    )
+
+
+def running_on_device(kubelet: Kubelet, ns: str, node: str, pod: str, device: str) -> None:
+    kubelet.claim_pod(pod, ns, node)
+    kubelet.allocated_claim(ns, pod, node, device)
+    kubelet.running(ns, pod)
+
+
+@pytest.mark.parametrize(
+    ("evict", "reason", "effect"),
+    [
+        ("evictionAPI", "EvictionByEvictionAPI", "NoSchedule"),
+        ("deviceTaint", "DeletionByDeviceTaintManager", "NoExecute"),
+    ],
+)
+def test_the_pod_on_a_fenced_dra_device_is_removed_and_its_neighbour_on_the_same_node_keeps_running(
+    cluster: ControlPlane,
+    kubelet: Kubelet,
+    start: Start,
+    test_id: str,
+    ns: str,
+    evict: str,
+    reason: str,
+    effect: str,
+) -> None:
+    """evictionAPI: gpuguard evicts the pod (PDBs respected). deviceTaint: the rule is NoExecute and the
+    real device-taint-eviction controller removes the pod. Either way, DisruptionTarget first, and only
+    the pod on the failed device."""
+    policy = fast_policy(
+        test_id, signals={"deviceTaints": {"keys": [], "forSeconds": 1}}, dra={"evict": evict}
+    )
+    controllers = start(policy)
+    name = kubelet.node(f"{test_id}-a", capacity=None, plugin=False)
+    kubelet.resource_slice(name)
+    running_on_device(kubelet, ns, name, "trainer", "gpu-3")
+    running_on_device(kubelet, ns, name, "neighbour", "gpu-4")
+
+    kubelet.resource_slice(name, taints={3: [XID_79]})
+    rule_name = health.rule_name(f"{DRA_DRIVER}/{name}/gpu-3")
+
+    def removed(pod: str) -> bool:
+        return (
+            cluster.kubectl_json("get", "pod", pod, "-n", ns)["metadata"].get("deletionTimestamp") is not None
+        )
+
+    eventually(lambda: removed("trainer"), what="the pod on the failed device", processes=[controllers])
+    assert device_rules(cluster)[rule_name]["spec"]["taint"]["effect"] == effect
+    target = disruption_target(cluster.kubectl_json("get", "pod", "trainer", "-n", ns))
+    assert target is not None and target["reason"] == reason
+    assert not removed("neighbour")
+    assert disruption_target(cluster.kubectl_json("get", "pod", "neighbour", "-n", ns)) is None
+    kubelet.finish_deletion(ns, "trainer")
 
 
 def test_a_node_whose_devices_all_failed_is_cordoned_and_drained_and_given_back_on_recovery(

@@ -465,6 +465,15 @@ def test_controllers_service_account_rules_are_exactly_theirs(
         *{("", r, "", v) for r in ("pods", "namespaces") for v in ("get", "list", "watch")},
         ("", "pods/eviction", "", "create"),
         ("events.k8s.io", "events", "", "create"),
+        *{
+            ("resource.k8s.io", r, "", v)
+            for r in ("resourceslices", "resourceclaims")
+            for v in ("get", "list", "watch")
+        },
+        *{
+            ("resource.k8s.io", "devicetaintrules", "", v)
+            for v in ("get", "list", "watch", "create", "patch", "delete")
+        },
     }
     in_namespace = {
         *{("coordination.k8s.io", "leases", CONTROLLERS, v) for v in ("get", "update")},

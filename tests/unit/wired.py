@@ -58,6 +58,22 @@ class RecordedWrites:
         return {"metadata": {"resourceVersion": str(self.version)}}
 
 
+class RecordedRules:
+    """`DeviceTaintRules`: what was sent, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.calls.append(("create", body))
+
+    def patch_effect(self, name: str, resource_version: str, effect: str) -> None:
+        self.calls.append(("patch", (name, resource_version, effect)))
+
+    def delete(self, name: str, resource_version: str) -> None:
+        self.calls.append(("delete", (name, resource_version)))
+
+
 class RecordedEvictions:
     def __init__(self, result: EvictionResult = "evicted") -> None:
         self.result = result
@@ -97,6 +113,9 @@ class Wired(HealthControllers):
         pods: Sequence[dict[str, Any]] = (),
         *,
         evictions: RecordedEvictions | None = None,
+        slices: Sequence[dict[str, Any]] = (),
+        claims: Sequence[dict[str, Any]] = (),
+        rules: Sequence[dict[str, Any]] = (),
     ) -> None:
         stop = threading.Event()
         self.now = NOW
@@ -110,6 +129,26 @@ class Wired(HealthControllers):
         self.pods: Informer[PodFacts] = Informer(
             "pods", Listed(*pods), lambda raw: (f.key, f) if (f := health.pod_facts(raw)) else None, stop=stop
         )
+        self.slice_list = Listed(*slices)
+        self.slices: Informer[health.SliceFacts] = Informer(
+            "resourceslices",
+            self.slice_list,
+            lambda raw: (f.name, f) if (f := health.slice_facts(raw)) else None,
+            stop=stop,
+        )
+        self.claims: Informer[health.ClaimFacts] = Informer(
+            "resourceclaims",
+            Listed(*claims),
+            lambda raw: (f.key, f) if (f := health.claim_facts(raw)) else None,
+            stop=stop,
+        )
+        self.own_rules: Informer[health.OwnRule] = Informer(
+            "devicetaintrules",
+            Listed(*rules),
+            lambda raw: (f.name, f) if (f := health.own_rule(raw)) else None,
+            stop=stop,
+        )
+        self.rules = RecordedRules()
         self.sent: list[dict[str, Any]] = []
         self.events = EventRecorder(lambda namespace, body: self.sent.append(body), stop=stop)
         self.writes = RecordedWrites()
@@ -121,21 +160,36 @@ class Wired(HealthControllers):
             namespace_labels=lambda namespace: {},
             policy=lambda: policy,
             writes=self.writes,
+            rules=self.rules,
             evictions=self.evictions,
             breaker_store=NoStore(),
             events=self.events,
             registry=self.registry,
             clock=lambda: self.now,
             stop=stop,
+            slices=self.slices,
+            claims=self.claims,
+            own_rules=self.own_rules,
         )
         # Synced once wired, as in the manager: the first list reaches the ledger, the pod index and
         # the device reports through the controllers' own change handlers.
-        assert self.nodes.sync() and self.pods.sync()
+        assert (
+            self.nodes.sync()
+            and self.pods.sync()
+            and self.slices.sync()
+            and self.claims.sync()
+            and self.own_rules.sync()
+        )
 
     def list_nodes(self, *nodes: dict[str, Any]) -> None:
         """The Nodes are now these: listed again, the differences reach the controllers as changes."""
         self.node_list.objects = list(nodes)
         assert self.nodes.sync()
+
+    def list_slices(self, *slices: dict[str, Any]) -> None:
+        """The ResourceSlices are now these, as `list_nodes` does for Nodes."""
+        self.slice_list.objects = list(slices)
+        assert self.slices.sync()
 
     def at(self, seconds: float) -> None:
         self.now = NOW + datetime.timedelta(seconds=seconds)

@@ -210,6 +210,29 @@ def breaker_line(breaker: BreakerState, now: datetime.datetime) -> str:
 EFFECTS = {"do": "next", "would": "would (not enforced)", "hold": "held"}
 
 
+def _dra_devices(node: health.NodeFacts, plan: NodePlan) -> list[str]:
+    """The DRA devices with something to say: a taint (of any effect), a claim's condition on them,
+    gpuguard's DeviceTaintRule (as it is, and as the plan wants it)."""
+    lines = []
+    for device in node.dra.devices:
+        said = [
+            f"taint {t.key}{'=' + t.value if t.value else ''}:{t.effect} (ResourceSlice {device.slice})"
+            for t in device.taints
+        ]
+        said += [
+            f"claim condition {c.type}={c.status}{' ' + c.reason if c.reason else ''}{': ' + c.message if c.message else ''}"
+            for c in device.conditions
+        ]
+        rule, wanted = node.dra.fenced.get(device.id), plan.fences.get(device.id)
+        if rule is not None or wanted is not None:
+            now_effect = f"{rule}" if rule is not None else "none"
+            want_effect = wanted.effect if wanted is not None else "deleted"
+            said.append(f"DeviceTaintRule {health.rule_name(device.id)}: {now_effect}, wanted {want_effect}")
+        if said:
+            lines.append(f"  {device.id}: {'; '.join(said)}")
+    return ["DRA devices:", *lines] if lines else []
+
+
 def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datetime) -> str:
     plan = row.plan
     a = plan.assessment
@@ -217,7 +240,7 @@ def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datet
         f"Node:        {a.node}",
         f"Pool:        {a.pool or NONE}",
         f"Accelerator: {'yes' if a.accelerator else 'no (not selected by the policy, or no accelerator resource or label)'}",
-        f"Devices:     {_devices(plan)} (allocatable/capacity)",
+        f"Devices:     {_devices(plan)} (allocatable/capacity; a DRA driver's: not tainted/published)",
         f"State:       {_state(plan)}",
         "Signals:",
     ]
@@ -228,6 +251,7 @@ def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datet
             f"  {s.key}: {s.message} (first seen {_age(s.since, now)} ago, waits {s.for_seconds:g} s: {due}{confirmed})"
         )
     lines += [f"  {NONE}"] if not a.signals else []
+    lines += _dra_devices(row.node, plan)
     if a.suppressed:
         lines.append("Not counted:")
         lines += [f"  {s.kind}: {s.message}" for s in a.suppressed]

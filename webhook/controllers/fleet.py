@@ -16,13 +16,25 @@ import datetime
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from webhook.kube.informer import Change
 from webhook.kube.remediation import StoredState
 from webhook.policy import health
-from webhook.policy.health import HealthState, NodeFacts, NodePlan, NodeRecord, PodFacts
+from webhook.policy.health import (
+    ClaimFacts,
+    HealthState,
+    NodeDevices,
+    NodeFacts,
+    NodePlan,
+    NodeRecord,
+    OwnRule,
+    PodFacts,
+    SliceFacts,
+)
 from webhook.policy.model import Policy
+
+_K = TypeVar("_K")
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,137 @@ class PodIndex:
     def keys_on(self, node: str) -> list[str]:
         with self._lock:
             return sorted(self._by_node.get(node, ()))
+
+
+class DraIndex:
+    """The ResourceSlices of each node and the allocated claims of each pool, fed by their informers'
+    changes: what a node's DRA devices are (`health.node_devices`), and which nodes a change touches.
+    A claim belongs to the nodes whose slices publish the pools of its devices, whichever of the two
+    the informers deliver first."""
+
+    def __init__(self, fencing: Callable[[], bool] = lambda: True) -> None:
+        # Whether DeviceTaintRules are served (`NodeDevices.fencing`).
+        self.fencing = fencing
+        self._slices: dict[str, SliceFacts] = {}
+        self._by_node: dict[str, set[str]] = collections.defaultdict(set)
+        # (driver, pool) -> the nodes publishing it, and the claims allocated from it.
+        self._pool_nodes: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        self._claims: dict[str, ClaimFacts] = {}
+        self._pool_claims: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        # device id -> the claims allocated it; pod key -> the claims reserved for it.
+        self._device_claims: dict[str, set[str]] = collections.defaultdict(set)
+        self._pod_claims: dict[str, set[str]] = collections.defaultdict(set)
+        # gpuguard's DeviceTaintRules by node, then by device.
+        self._rules: dict[str, dict[str, OwnRule]] = collections.defaultdict(dict)
+        self._lock = threading.Lock()
+
+    def slice_changed(self, change: Change[SliceFacts]) -> tuple[str, ...]:
+        """Updates the index; the nodes whose devices may have changed."""
+        name = str(change.key)
+        with self._lock:
+            old = self._slices.pop(name, None)
+            if old is not None:
+                _unlink(self._by_node, old.node, name)
+                same_pool = (self._slices[s] for s in self._by_node.get(old.node, ()))
+                if not any((s.driver, s.pool) == (old.driver, old.pool) for s in same_pool):
+                    _unlink(self._pool_nodes, (old.driver, old.pool), old.node)
+            new = change.new
+            if new is not None:
+                self._slices[name] = new
+                self._by_node[new.node].add(name)
+                self._pool_nodes[(new.driver, new.pool)].add(new.node)
+        return tuple(dict.fromkeys(piece.node for piece in (old, change.new) if piece is not None))
+
+    def claim_changed(self, change: Change[ClaimFacts]) -> tuple[str, ...]:
+        key = str(change.key)
+        with self._lock:
+            old = self._claims.pop(key, None)
+            pools = _pools(old) | _pools(change.new)
+            for pool in _pools(old):
+                _unlink(self._pool_claims, pool, key)
+            for device in _devices(old):
+                _unlink(self._device_claims, device, key)
+            for pod in _users(old):
+                _unlink(self._pod_claims, pod, key)
+            if change.new is not None:
+                self._claims[key] = change.new
+                for pool in _pools(change.new):
+                    self._pool_claims[pool].add(key)
+                for device in _devices(change.new):
+                    self._device_claims[device].add(key)
+                for pod in _users(change.new):
+                    self._pod_claims[pod].add(key)
+            nodes = {node for pool in pools for node in self._pool_nodes.get(pool, ())}
+        return tuple(sorted(nodes))
+
+    def rule_changed(self, change: Change[OwnRule]) -> tuple[str, ...]:
+        nodes = []
+        with self._lock:
+            for rule in (change.old, change.new):
+                if rule is not None:
+                    self._rules[rule.node].pop(rule.device, None)
+                    nodes.append(rule.node)
+            if change.new is not None:
+                self._rules[change.new.node][change.new.device] = change.new
+            for node in nodes:
+                if not self._rules.get(node, True):
+                    del self._rules[node]
+        return tuple(dict.fromkeys(nodes))
+
+    def rules_of(self, node: str) -> dict[str, OwnRule]:
+        """gpuguard's DeviceTaintRules on the node's devices, by device id."""
+        with self._lock:
+            return dict(self._rules.get(node, {}))
+
+    def pods_using(self, device: str) -> list[str]:
+        """The pods (keys) the claims allocated this device are reserved for."""
+        with self._lock:
+            claims = [self._claims[key] for key in self._device_claims.get(device, ())]
+        return sorted({pod for claim in claims for pod in _users(claim)})
+
+    def fenced_devices_of(self, pod: str, effect: str) -> tuple[str, ...]:
+        """The devices of the pod's claims that carry gpuguard's DeviceTaintRule of this effect."""
+        with self._lock:
+            claims = [self._claims[key] for key in self._pod_claims.get(pod, ())]
+            rules = {device: rule for node in self._rules.values() for device, rule in node.items()}
+        return tuple(
+            sorted({d for c in claims for d in _devices(c) if d in rules and rules[d].effect == effect})
+        )
+
+    def joined(self, node: NodeFacts) -> NodeFacts:
+        """The node with the DRA devices its ResourceSlices publish (the Node says nothing of them)."""
+        return health.with_devices(node, self.devices_of(node.name))
+
+    def devices_of(self, node: str) -> NodeDevices:
+        with self._lock:
+            slices = [self._slices[name] for name in sorted(self._by_node.get(node, ()))]
+            pools = {(piece.driver, piece.pool) for piece in slices}
+            keys = {key for pool in pools for key in self._pool_claims.get(pool, ())}
+            claims = [self._claims[key] for key in sorted(keys)]
+            fenced = {device: rule.effect for device, rule in self._rules.get(node, {}).items()}
+        devices = health.node_devices(slices, claims) if slices else health.NO_DRA_DEVICES
+        fencing = self.fencing()
+        return replace(devices, fenced=fenced, fencing=fencing) if fenced or not fencing else devices
+
+
+def _pools(claim: ClaimFacts | None) -> set[tuple[str, str]]:
+    return {(device.driver, device.pool) for device in claim.devices} if claim is not None else set()
+
+
+def _devices(claim: ClaimFacts | None) -> set[str]:
+    return {device.id for device in claim.devices} if claim is not None else set()
+
+
+def _users(claim: ClaimFacts | None) -> set[str]:
+    return {f"{claim.namespace}/{pod}" for pod in claim.pods} if claim is not None else set()
+
+
+def _unlink(index: dict[_K, set[str]], key: _K, value: str) -> None:
+    members = index.get(key)
+    if members is not None:
+        members.discard(value)
+        if not members:
+            del index[key]
 
 
 # --- the circuit breaker -----------------------------------------------------------------------------

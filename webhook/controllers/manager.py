@@ -94,6 +94,21 @@ def _pod(raw: dict[str, Any]) -> tuple[Hashable, PodFacts] | None:
     return (pod.key, pod) if pod is not None else None
 
 
+def _slice(raw: dict[str, Any]) -> tuple[Hashable, health.SliceFacts] | None:
+    piece = health.slice_facts(raw)
+    return (piece.name, piece) if piece is not None else None
+
+
+def _claim(raw: dict[str, Any]) -> tuple[Hashable, health.ClaimFacts] | None:
+    claim = health.claim_facts(raw)
+    return (claim.key, claim) if claim is not None else None
+
+
+def _own_rule(raw: dict[str, Any]) -> tuple[Hashable, health.OwnRule] | None:
+    rule = health.own_rule(raw)
+    return (rule.name, rule) if rule is not None else None
+
+
 def _state(raw: dict[str, Any]) -> tuple[Hashable, dict[str, str]] | None:
     data = raw.get("data")
     return str(metadata_of(raw).get("name", "")), dict(data) if isinstance(data, dict) else {}
@@ -122,7 +137,25 @@ class ControllerManager:
             _state,
             stop=stop,
         )
-        self.informers: list[Informer[Any]] = [self.nodes, self.pods, self.namespaces, self.state]
+        # DRA: a cluster that serves no resource.k8s.io/v1 leaves them unserved, and nodes without devices.
+        self.slices: Informer[health.SliceFacts] = Informer(
+            "resourceslices", remediation.resource_slices(api), _slice, stop=stop
+        )
+        self.claims: Informer[health.ClaimFacts] = Informer(
+            "resourceclaims", remediation.resource_claims(api), _claim, stop=stop
+        )
+        self.own_rules: Informer[health.OwnRule] = Informer(
+            "devicetaintrules", remediation.own_device_taint_rules(api), _own_rule, stop=stop
+        )
+        self.informers: list[Informer[Any]] = [
+            self.nodes,
+            self.pods,
+            self.namespaces,
+            self.state,
+            self.slices,
+            self.claims,
+            self.own_rules,
+        ]
         # Every write of the controllers checks, just before it goes, that this replica renewed the Lease
         # within the renew deadline: a leader paused past its lease never writes beside the new one.
         fence = remediation.Fence(lambda: self.elector.write_window())
@@ -132,12 +165,16 @@ class ControllerManager:
             namespace_labels=self._namespace_labels,
             policy=lambda: self.store.policy,
             writes=remediation.NodeWriter(api, fence),
+            rules=remediation.DeviceTaintRuleWriter(api, fence),
             evictions=remediation.Evictor(api, fence),
             breaker_store=remediation.ConfigMapStore(api, options.namespace, STATE_CONFIGMAP, fence),
             events=self.events,
             registry=self.registry,
             clock=_now,
             stop=stop,
+            slices=self.slices,
+            claims=self.claims,
+            own_rules=self.own_rules,
         )
         self.state.on_snapshot(self._state_changed)
         self.runnables = [build(api, lambda: self.store.policy, stop) for build in leader_runnables]
@@ -203,7 +240,7 @@ class ControllerManager:
     def _policy_loaded(self, policy: Policy) -> None:
         """Another policy may select other nodes, pools or modes: decide on everything again."""
         for node in self.nodes.snapshot().values():
-            self.controllers.ledger.classify(node, policy)
+            self.controllers.ledger.classify(self.controllers.dra.joined(node), policy)
         if self.elector.leading:
             # First the breaker: a trip said in audit holds once a disruptive action is enforced,
             # before any worker acts under the new policy.

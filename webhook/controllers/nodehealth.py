@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, Ledger, PodIndex, Trip, disrupts
+from webhook.controllers.fleet import Breaker, DeviceReports, DraIndex, Ledger, PodIndex, Trip, disrupts
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
@@ -66,6 +66,14 @@ class NodeWrites(Protocol):
     def patch_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
 
 
+class DeviceTaintRules(Protocol):
+    def create(self, body: dict[str, Any]) -> None: ...
+
+    def patch_effect(self, name: str, resource_version: str, effect: str) -> None: ...
+
+    def delete(self, name: str, resource_version: str) -> None: ...
+
+
 def persists(policy: Policy) -> bool:
     """Records go on the nodes once any node action is enforced; before that nothing is written."""
     return any(policy.health_mode(action) == "enforce" for action in ("condition", "taint", "drain"))
@@ -102,10 +110,12 @@ class NodeHealth:
         pods: Informer[PodFacts],
         index: PodIndex,
         reports: DeviceReports,
+        dra: DraIndex,
         ledger: Ledger,
         breaker: Breaker,
         policy: Callable[[], Policy],
         writes: NodeWrites,
+        rules: DeviceTaintRules,
         events: EventRecorder,
         registry: Registry,
         clock: Callable[[], datetime.datetime],
@@ -116,10 +126,12 @@ class NodeHealth:
         self.pods = pods
         self.index = index
         self.reports = reports
+        self.dra = dra
         self.ledger = ledger
         self.breaker = breaker
         self.policy = policy
         self.writes = writes
+        self.rules = rules
         self.events = events
         self.registry = registry
         self.clock = clock
@@ -144,7 +156,7 @@ class NodeHealth:
             self.ledger.forget(name)
             self._reported_errors.discard(name)
         else:
-            self.ledger.classify(change.new, self.policy())
+            self.ledger.classify(self.dra.joined(change.new), self.policy())
         self.controller.enqueue(name)
         if change.new is not None and change.new.record is not None and change.new.record.draining_since:
             self.on_drain(name)
@@ -153,6 +165,16 @@ class NodeHealth:
         for name in nodes:
             self.controller.enqueue(name)
 
+    def devices_changed(self, nodes: tuple[str, ...]) -> None:
+        """A node's ResourceSlices or its devices' claims changed: DRA devices may make it an
+        accelerator node (counted in its pool) or stop doing so."""
+        policy = self.policy()
+        for name in nodes:
+            facts = self.nodes.get(name)
+            if facts is not None:
+                self.ledger.classify(self.dra.joined(facts), policy)
+                self.controller.enqueue(name)
+
     def enqueue_all(self) -> None:
         for name in self.nodes.snapshot():
             self.controller.enqueue(str(name))
@@ -160,7 +182,8 @@ class NodeHealth:
     # --- reconcile -----------------------------------------------------------------------------------
 
     def reconcile(self, name: str) -> Result:
-        facts = self.nodes.get(name)
+        node = self.nodes.get(name)
+        facts = self.dra.joined(node) if node is not None else None
         if facts is None:
             self.ledger.forget(name)
             self._reported_errors.discard(name)
@@ -268,7 +291,22 @@ class NodeHealth:
         if node_patch:
             node_patch.setdefault("metadata", {})["resourceVersion"] = version
             self.writes.patch(facts.name, node_patch)
+        self._fence(facts, plan)
         self._time_to_act(facts, plan, now)
+
+    def _fence(self, facts: NodeFacts, plan: NodePlan) -> None:
+        """gpuguard's DeviceTaintRules on the node's devices made what the plan wants: created,
+        their effect changed, or deleted (a device no longer failed, a node no longer remediated)."""
+        existing = self.dra.rules_of(facts.name)
+        for device, rule in sorted(existing.items()):
+            fence = plan.fences.get(device)
+            if fence is None:
+                self.rules.delete(rule.name, rule.resource_version)
+            elif fence.effect != rule.effect:
+                self.rules.patch_effect(rule.name, rule.resource_version, fence.effect)
+        for device, fence in sorted(plan.fences.items()):
+            if device not in existing:
+                self.rules.create(health.rule_object(fence, facts.name, facts.uid))
 
     def _time_to_act(self, facts: NodeFacts, plan: NodePlan, now: datetime.datetime) -> None:
         """Observes, once its write went out, how long after the first sight of the node's signals each
@@ -278,7 +316,11 @@ class NodeHealth:
         before = facts.condition
         steps = {
             "condition": plan.condition.status == "False" and (before is None or before.status != "False"),
-            "taint": plan.tainted and not facts.tainted,
+            "taint": (plan.tainted and not facts.tainted)
+            or any(
+                fence.effect != "None" and facts.dra.fenced.get(device) in (None, "None")
+                for device, fence in plan.fences.items()
+            ),
             "drained": plan.condition.reason == "Drained" and (before is None or before.reason != "Drained"),
         }
         waited = max((now - min(plan.record.signals.values())).total_seconds(), 0.0)

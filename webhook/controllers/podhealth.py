@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, PodIndex, disrupts
+from webhook.controllers.fleet import Breaker, DeviceReports, DraIndex, EvictionRateLimits, PodIndex, disrupts
 from webhook.controllers.nodehealth import announce
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
@@ -60,6 +60,7 @@ class PodHealth:
         nodes: Informer[NodeFacts],
         index: PodIndex,
         reports: DeviceReports,
+        dra: DraIndex,
         namespace_labels: Callable[[str], Mapping[str, str] | None],
         breaker: Breaker,
         fleet_size: Callable[[], int],
@@ -75,6 +76,7 @@ class PodHealth:
         self.nodes = nodes
         self.index = index
         self.reports = reports
+        self.dra = dra
         self.namespace_labels = namespace_labels
         self.breaker = breaker
         self.fleet_size = fleet_size
@@ -123,7 +125,9 @@ class PodHealth:
         pod = self.reports.of(cached)
         policy = self.policy()
         now = self.clock()
-        node = self.nodes.get(pod.node) if pod.node else None
+        known = self.nodes.get(pod.node) if pod.node else None
+        # With its DRA devices: a DRA-only node is an accelerator node by its ResourceSlices alone.
+        node = self.dra.joined(known) if known is not None else None
         settled = self._driver_settled(pod, policy, now)
         with self._lock:
             if health.has_unknown_device(pod, policy, driver_settled=settled):
@@ -138,6 +142,10 @@ class PodHealth:
             draining=self.draining(node, policy),
             unknown_since=unknown_since,
             driver_settled=settled,
+            # Pods of a device fenced NoExecute are the device-taint-eviction controller's to remove.
+            fenced=self.dra.fenced_devices_of(key, "NoSchedule")
+            if policy.health.dra.evict == "evictionAPI"
+            else (),
         )
         if not verdict.evict:
             with self._lock:

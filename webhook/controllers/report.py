@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from webhook.controllers.fleet import BreakerState, Ledger
+from webhook.controllers.fleet import BreakerState, DraIndex, Ledger
 from webhook.kube import remediation
 from webhook.kube.client import ApiClient
-from webhook.kube.informer import ListWatch
+from webhook.kube.informer import Change, ListWatch, NotServedError
 from webhook.policy import health
 from webhook.policy.health import Fleet, NodeFacts, NodePlan, PodFacts
 from webhook.policy.model import CONFIGMAP_KEY, Policy, default_policy, parse_policy
@@ -42,8 +42,30 @@ def _list(source: ListWatch) -> Iterable[dict[str, object]]:
             return
 
 
+def _dra(api: ApiClient) -> DraIndex:
+    """The DRA devices of every node: ResourceSlices, allocated claims and gpuguard's DeviceTaintRules,
+    joined as the controllers join them (none where the cluster does not serve resource.k8s.io/v1)."""
+    dra = DraIndex()
+    try:
+        for raw in _list(remediation.resource_slices(api)):
+            if (piece := health.slice_facts(raw)) is not None:
+                dra.slice_changed(Change(piece.name, None, piece))
+        for raw in _list(remediation.resource_claims(api)):
+            if (claim := health.claim_facts(raw)) is not None:
+                dra.claim_changed(Change(claim.key, None, claim))
+        for raw in _list(remediation.own_device_taint_rules(api)):
+            if (rule := health.own_rule(raw)) is not None:
+                dra.rule_changed(Change(rule.name, None, rule))
+    except NotServedError:
+        pass
+    return dra
+
+
 def read_cluster(api: ApiClient, namespace: str) -> Cluster:
-    nodes = [n for raw in _list(remediation.nodes(api)) if (n := health.node_facts(raw)) is not None]
+    dra = _dra(api)
+    nodes = [
+        dra.joined(n) for raw in _list(remediation.nodes(api)) if (n := health.node_facts(raw)) is not None
+    ]
     pods = [p for raw in _list(remediation.pods(api)) if (p := health.pod_facts(raw)) is not None]
     state = remediation.ConfigMapStore(api, namespace, STATE_CONFIGMAP).read()
     return Cluster(nodes, pods, BreakerState.from_data(state.data))

@@ -11,13 +11,21 @@ import datetime
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from webhook.controllers.fleet import Breaker, DeviceReports, EvictionRateLimits, Ledger, PodIndex, StateStore
-from webhook.controllers.nodehealth import NodeHealth, NodeWrites
+from webhook.controllers.fleet import (
+    Breaker,
+    DeviceReports,
+    DraIndex,
+    EvictionRateLimits,
+    Ledger,
+    PodIndex,
+    StateStore,
+)
+from webhook.controllers.nodehealth import DeviceTaintRules, NodeHealth, NodeWrites
 from webhook.controllers.podhealth import Evictions, PodHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Change, Informer
 from webhook.metrics import Registry
-from webhook.policy.health import NodeFacts, PodFacts
+from webhook.policy.health import ClaimFacts, NodeFacts, OwnRule, PodFacts, SliceFacts
 from webhook.policy.model import Policy
 
 
@@ -30,15 +38,20 @@ class HealthControllers:
         namespace_labels: Callable[[str], Mapping[str, str] | None],
         policy: Callable[[], Policy],
         writes: NodeWrites,
+        rules: DeviceTaintRules,
         evictions: Evictions,
         breaker_store: StateStore,
         events: EventRecorder,
         registry: Registry,
         clock: Callable[[], datetime.datetime],
         stop: threading.Event,
+        slices: Informer[SliceFacts] | None = None,
+        claims: Informer[ClaimFacts] | None = None,
+        own_rules: Informer[OwnRule] | None = None,
     ) -> None:
         self.ledger = Ledger()
         self.index = PodIndex()
+        self.dra = DraIndex(fencing=lambda: own_rules is not None and own_rules.served)
         self.reports = DeviceReports()
         self.breaker = Breaker(breaker_store, clock)
         self.limits = EvictionRateLimits(clock=lambda: clock().timestamp())
@@ -47,6 +60,7 @@ class HealthControllers:
             nodes=nodes,
             index=self.index,
             reports=self.reports,
+            dra=self.dra,
             namespace_labels=namespace_labels,
             breaker=self.breaker,
             fleet_size=self.ledger.fleet_size,
@@ -63,10 +77,12 @@ class HealthControllers:
             pods=pods,
             index=self.index,
             reports=self.reports,
+            dra=self.dra,
             ledger=self.ledger,
             breaker=self.breaker,
             policy=policy,
             writes=writes,
+            rules=rules,
             events=events,
             registry=registry,
             clock=clock,
@@ -75,6 +91,13 @@ class HealthControllers:
         )
         nodes.on_change(self.node_health.node_changed)
         pods.on_change(self.pod_changed)
+        # Without them (a cluster, a bench or a test without DRA) nodes have no DRA devices.
+        if slices is not None:
+            slices.on_change(lambda change: self.node_health.devices_changed(self.dra.slice_changed(change)))
+        if claims is not None:
+            claims.on_change(self.claim_changed)
+        if own_rules is not None:
+            own_rules.on_change(self.rule_changed)
 
     def pod_changed(self, change: Change[PodFacts]) -> None:
         # Remembered before either controller is enqueued: neither decides on a status not yet counted.
@@ -82,9 +105,20 @@ class HealthControllers:
         self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
         self.pod_health.pod_changed(change)
 
+    def claim_changed(self, change: Change[ClaimFacts]) -> None:
+        self.node_health.devices_changed(self.dra.claim_changed(change))
+        claims = [claim for claim in (change.old, change.new) if claim is not None]
+        self.pod_health.enqueue(sorted({f"{c.namespace}/{pod}" for c in claims for pod in c.pods}))
+
+    def rule_changed(self, change: Change[OwnRule]) -> None:
+        """A fence's effect decides whether the pod watcher evicts the pods of its device."""
+        self.node_health.devices_changed(self.dra.rule_changed(change))
+        rules = [rule for rule in (change.old, change.new) if rule is not None]
+        self.pod_health.enqueue(sorted({pod for rule in rules for pod in self.dra.pods_using(rule.device)}))
+
     def seed(self, nodes: Iterable[NodeFacts], policy: Policy, now: datetime.datetime) -> None:
         """Takes the records the nodes carry into the ledger and the breaker's log."""
-        nodes = list(nodes)
+        nodes = [self.dra.joined(node) for node in nodes]
         self.ledger.seed(nodes, policy, now)
         self.breaker.seed(nodes)
 

@@ -18,12 +18,15 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, ResourceListWatch, raw_json
+from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, ResourceListWatch, collection, raw_json
 from webhook.kube.controller import TerminalError
+from webhook.policy import health
 
 FIELD_MANAGER = "gpuguard"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+# DRA's API group at the version 1.37 serves ResourceSlices, ResourceClaims and DeviceTaintRules at.
+RESOURCE_API = "resource.k8s.io/v1"
 
 
 class ConflictError(Exception):
@@ -145,6 +148,43 @@ class Evictor(_Writer):
         return EvictionOutcome("evicted")
 
 
+class DeviceTaintRuleWriter:
+    """gpuguard's DeviceTaintRules: created, their effect patched at the resourceVersion read, deleted
+    with that version as a precondition (a rule changed meanwhile is decided on again)."""
+
+    PATH = f"/apis/{RESOURCE_API}/devicetaintrules"
+
+    def __init__(self, api: client.ApiClient, fence: Fence = UNFENCED) -> None:
+        self.api = api
+        self.fence = fence
+
+    def create(self, body: dict[str, Any]) -> None:
+        self._send("POST", self.PATH, body, "application/json")
+
+    def patch_effect(self, name: str, resource_version: str, effect: str) -> None:
+        patch = {"metadata": {"resourceVersion": resource_version}, "spec": {"taint": {"effect": effect}}}
+        self._send("PATCH", f"{self.PATH}/{name}", patch, MERGE_PATCH)
+
+    def delete(self, name: str, resource_version: str) -> None:
+        options = {"preconditions": {"resourceVersion": resource_version}}
+        self._send("DELETE", f"{self.PATH}/{name}", options, "application/json")
+
+    def _send(self, method: str, path: str, body: dict[str, Any], content_type: str) -> None:
+        query = [("fieldManager", FIELD_MANAGER)] if method != "DELETE" else []
+        request = self.api.param_serialize(
+            method,
+            path,
+            query_params=query,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*request, _request_timeout=self.fence.timeout())
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise _translated(ApiException.from_response(http_resp=response, body=data, data=None))
+
+
 def _status_message(exc: ApiException) -> str:
     """The Status message the API server sent (for a 429: which budget, how many pods it needs)."""
     try:
@@ -223,6 +263,22 @@ def pods_on_node(api: client.ApiClient, node: str) -> ResourceListWatch:
     """The pods bound to one node (the node agent's view: the kubelet's own field selector)."""
     return ResourceListWatch(
         client.CoreV1Api(api).list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
+    )
+
+
+def resource_slices(api: client.ApiClient) -> ResourceListWatch:
+    return ResourceListWatch(collection(api, f"/apis/{RESOURCE_API}/resourceslices"))
+
+
+def resource_claims(api: client.ApiClient) -> ResourceListWatch:
+    return ResourceListWatch(collection(api, f"/apis/{RESOURCE_API}/resourceclaims"))
+
+
+def own_device_taint_rules(api: client.ApiClient) -> ResourceListWatch:
+    """gpuguard's DeviceTaintRules only (by label): it never reads, so never touches, anyone else's."""
+    return ResourceListWatch(
+        collection(api, DeviceTaintRuleWriter.PATH),
+        label_selector=f"{health.MANAGED_BY_LABEL}={health.MANAGED_BY}",
     )
 
 

@@ -13,13 +13,14 @@ Signals are timed from when gpuguard first saw them (kept in the record, on the 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from webhook.policy import holdings
-from webhook.policy.model import Mode, Policy, scaled_count
+from webhook.policy.model import HealthSignals, Mode, Policy, scaled_count
 from webhook.policy.quantity import whole_count
 
 TAINT_KEY = "gpuguard.io/device-unhealthy"
@@ -45,6 +46,8 @@ SignalKind = Literal[
     "devicePlugin",
     "capacityVanished",
     "nodeCondition",
+    "deviceTaint",
+    "deviceCondition",
 ]
 Effect = Literal["do", "would", "hold"]
 # The steps of the ladder as they appear in Events, metrics and `gpuguard nodes`.
@@ -230,6 +233,200 @@ def clamped(record: NodeRecord, now: datetime.datetime) -> tuple[NodeRecord, tup
 _CLOCK_TIMES = (*(name for name in _RECORD_TIMES if name != "acknowledged_at"), "last_action_at")
 
 
+# --- DRA: the devices a node's ResourceSlices publish, and the conditions of the claims holding them --
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCondition:
+    """A condition a driver wrote on an allocated device (ResourceClaim status.devices[].conditions)."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+def device_id(driver: str, pool: str, device: str) -> str:
+    """<driver>/<pool>/<device>: how allocation results, DeviceTaintRules and the kubelet name a device."""
+    return f"{driver}/{pool}/{device}"
+
+
+@dataclass(frozen=True, slots=True)
+class DraDevice:
+    driver: str
+    pool: str
+    name: str
+    # The ResourceSlice that publishes it (what `gpuguard nodes explain` names).
+    slice: str = ""
+    taints: tuple[Taint, ...] = ()
+    # Conditions of the claims it is allocated to.
+    conditions: tuple[DeviceCondition, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return device_id(self.driver, self.pool, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceFacts:
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    # How many slices the pool's generation is published in (pool.resourceSliceCount).
+    slice_count: int
+    node: str
+    devices: tuple[DraDevice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+    @property
+    def id(self) -> str:
+        return device_id(self.driver, self.pool, self.device)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimFacts:
+    namespace: str
+    name: str
+    uid: str = ""
+    devices: tuple[AllocatedDevice, ...] = ()
+    # device id -> the conditions its driver wrote for this claim.
+    conditions: Mapping[str, tuple[DeviceCondition, ...]] = field(default_factory=dict)
+    # The pods the claim is reserved for (status.reservedFor), by name.
+    pods: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """The DRA devices a node publishes now: those of the newest generation of each of its pools."""
+
+    devices: tuple[DraDevice, ...] = ()
+    # Drivers with a pool whose newest generation is not all published yet: their count is unknown.
+    updating: frozenset[str] = frozenset()
+    # device id -> the effect of gpuguard's DeviceTaintRule on it (joined in from the rules' cache).
+    fenced: Mapping[str, str] = field(default_factory=dict)
+    # The API server serves DeviceTaintRules (resource.k8s.io/v1 from 1.37): without them a failed
+    # device cannot be fenced alone, and its node is tainted instead.
+    fencing: bool = True
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for device in self.devices:
+            counts[device.driver] = counts.get(device.driver, 0) + 1
+        return counts
+
+
+NO_DRA_DEVICES = NodeDevices()
+
+
+def slice_facts(raw: Mapping[str, Any]) -> SliceFacts | None:
+    """The fields of a ResourceSlice the verdicts read; None for a slice of no single node (devices
+    reachable from many nodes, network-attached: not one node's to fail)."""
+    metadata, spec = _mapping(raw.get("metadata")), _mapping(raw.get("spec"))
+    name, node, driver = metadata.get("name"), spec.get("nodeName"), spec.get("driver")
+    pool = _mapping(spec.get("pool"))
+    if not all(isinstance(value, str) and value for value in (name, node, driver)):
+        return None
+    generation, count = pool.get("generation"), pool.get("resourceSliceCount")
+    devices = []
+    for device in spec.get("devices") or []:
+        device_name = _mapping(device).get("name")
+        if not isinstance(device_name, str):
+            continue
+        taints = tuple(
+            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+            for t in map(_mapping, _mapping(device).get("taints") or [])
+        )
+        devices.append(DraDevice(str(driver), str(pool.get("name", "")), device_name, str(name), taints))
+    return SliceFacts(
+        name=str(name),
+        driver=str(driver),
+        pool=str(pool.get("name", "")),
+        generation=generation if type(generation) is int else 0,
+        slice_count=count if type(count) is int and count > 0 else 1,
+        node=str(node),
+        devices=tuple(devices),
+    )
+
+
+def claim_facts(raw: Mapping[str, Any]) -> ClaimFacts | None:
+    """The fields of a ResourceClaim the verdicts read; None for a claim not allocated (it holds no
+    device yet): most claims of a cluster waiting to be scheduled are never kept."""
+    metadata, status = _mapping(raw.get("metadata")), _mapping(raw.get("status"))
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    results = _mapping(_mapping(status.get("allocation")).get("devices")).get("results") or []
+    if not isinstance(name, str) or not isinstance(namespace, str) or not results:
+        return None
+    devices = tuple(
+        AllocatedDevice(
+            str(result.get("request", "")),
+            str(result.get("driver", "")),
+            str(result.get("pool", "")),
+            str(result.get("device", "")),
+        )
+        for result in map(_mapping, results)
+    )
+    conditions: dict[str, tuple[DeviceCondition, ...]] = {}
+    for device in map(_mapping, status.get("devices") or []):
+        found = tuple(
+            DeviceCondition(
+                str(c.get("type", "")),
+                str(c.get("status", "")),
+                str(c.get("reason") or ""),
+                str(c.get("message") or ""),
+            )
+            for c in map(_mapping, device.get("conditions") or [])
+        )
+        if found:
+            held = device_id(*(str(device.get(part, "")) for part in ("driver", "pool", "device")))
+            conditions[held] = conditions.get(held, ()) + found
+    pods = tuple(
+        str(user.get("name"))
+        for user in map(_mapping, status.get("reservedFor") or [])
+        if user.get("resource") == "pods" and isinstance(user.get("name"), str)
+    )
+    return ClaimFacts(namespace, name, str(metadata.get("uid", "")), devices, conditions, pods)
+
+
+def node_devices(slices: Iterable[SliceFacts], claims: Iterable[ClaimFacts] = ()) -> NodeDevices:
+    """The devices a node's ResourceSlices publish: of each pool, the newest generation only (a device
+    the driver no longer publishes has left the pool, however many older slices still list it), and
+    only once that generation is published in full (until then the driver's count is unknown). Each
+    device carries the conditions its claims' drivers wrote for it."""
+    pools: dict[tuple[str, str], list[SliceFacts]] = {}
+    for piece in slices:
+        pools.setdefault((piece.driver, piece.pool), []).append(piece)
+    conditions: dict[str, tuple[DeviceCondition, ...]] = {}
+    for claim in claims:
+        for device_id, found in claim.conditions.items():
+            conditions[device_id] = conditions.get(device_id, ()) + found
+    devices: list[DraDevice] = []
+    updating: set[str] = set()
+    for (driver, _), pieces in sorted(pools.items()):
+        newest = max(piece.generation for piece in pieces)
+        current = sorted((piece for piece in pieces if piece.generation == newest), key=lambda p: p.name)
+        if len(current) < max(piece.slice_count for piece in current):
+            updating.add(driver)
+            continue
+        for piece in current:
+            devices.extend(
+                replace(device, conditions=conditions[device.id]) if device.id in conditions else device
+                for device in piece.devices
+            )
+    return NodeDevices(tuple(devices), frozenset(updating))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
     name: str
@@ -250,6 +447,9 @@ class NodeFacts:
     record_error: str = ""
     # The operator's acknowledgement (ACK_ANNOTATION), None when there is none.
     acknowledged_at: datetime.datetime | None = None
+    # The node's DRA devices, from its ResourceSlices (`node_devices`): the Node object says nothing
+    # of them, the controllers join them in (`with_devices`).
+    dra: NodeDevices = NO_DRA_DEVICES
 
     @property
     def tainted(self) -> bool:
@@ -461,6 +661,11 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
     )
 
 
+def with_devices(node: NodeFacts, devices: NodeDevices) -> NodeFacts:
+    """The node with the DRA devices its ResourceSlices publish."""
+    return node if devices == node.dra else replace(node, dra=devices)
+
+
 def with_reported(pod: PodFacts, earlier: frozenset[tuple[str, str]]) -> PodFacts:
     """The pod with the devices its earlier statuses reported Healthy or Unhealthy (kept by the
     controllers across status updates) added to what this status reports."""
@@ -485,6 +690,8 @@ class Signal:
     whole_node: bool = False
     # Why the signal is due before it persisted for `for_seconds` (correlated container failures).
     confirmed_by: str = ""
+    # The DRA devices (<driver>/<pool>/<device>) it fails, each of which gpuguard may fence alone.
+    device_ids: tuple[str, ...] = ()
 
     @property
     def due_at(self) -> datetime.datetime:
@@ -511,7 +718,8 @@ class Assessment:
     accelerator: bool
     signals: tuple[Signal, ...]
     suppressed: tuple[Suppressed, ...]
-    # resource -> (allocatable, capacity), accelerator resources only.
+    # resource -> (allocatable, capacity), accelerator resources only; for a DRA driver, (devices not
+    # failed by a taint, devices published).
     devices: Mapping[str, tuple[int, int]]
     correlated_failures: int
     state: HealthState
@@ -531,6 +739,9 @@ def is_accelerator_node(node: NodeFacts, policy: Policy) -> bool:
         return False
     accelerators = policy.accelerators
     if any(accelerators.is_accelerator_resource(name) for name in node.capacity):
+        return True
+    drivers = {device.driver for device in node.dra.devices} | node.dra.updating
+    if any(accelerators.is_accelerator_driver(driver) for driver in drivers):
         return True
     return any(label in node.labels for label in accelerators.nodeLabels)
 
@@ -672,6 +883,8 @@ def assess(
     starting = [] if registered else [pod for pod in plugins if pod.phase == "Pending"]
     correlated = _correlated_failures(pods, policy, now) if accelerator else 0
     live_pods = [pod for pod in pods if not pod.terminal and is_accelerator_pod(pod, policy)]
+    dra = _dra_devices(node, policy)
+    published = {device.id for devices in dra.values() for device in devices}
 
     if accelerator:
         gap_seconds = signals_policy.deviceGap.forSeconds
@@ -711,12 +924,16 @@ def assess(
             # A device gone from capacity does not come back by itself: only a new node, a new layout
             # or an operator's acknowledgement clears this. A failed device that a plugin restart stopped
             # enumerating (8/7 became 7/7) is the same failure: its wait goes on from the gap's sighting.
+            # A DRA driver (a name without a "/") publishes its devices in ResourceSlices, and a device
+            # it tainted and then stopped publishing is the same failure too.
+            plugin = "/" in resource
+            shown = f"capacity {capacity}" if plugin else f"{capacity} in its ResourceSlices"
             signal(
                 f"deviceMissing/{resource}",
                 "deviceMissing",
-                f"{resource}: {expected - capacity} of {expected} expected devices missing (capacity {capacity})",
+                f"{resource}: {expected - capacity} of {expected} expected devices missing ({shown})",
                 gap_seconds,
-                continues=f"deviceGap/{resource}",
+                continues=f"deviceGap/{resource}" if plugin else f"deviceTaint/{resource}",
                 resource=resource,
                 devices=expected - capacity,
             )
@@ -768,6 +985,8 @@ def assess(
                     wanted.forSeconds,
                     whole_node=True,
                 )
+        for driver, driver_devices in sorted(dra.items()):
+            _dra_signals(driver, driver_devices, signals_policy, signal)
         reports: list[tuple[Literal["Unhealthy", "Unknown"], SignalKind, int]] = [
             ("Unhealthy", "podDevice", signals_policy.deviceGap.forSeconds)
         ]
@@ -781,8 +1000,23 @@ def assess(
                     reported.setdefault(device.resource, set()).add(device.device)
             for resource, ids in sorted(reported.items()):
                 message = f"{resource}: {len(ids)} devices reported {health_state} by pods ({', '.join(sorted(ids))})"
-                signal(f"{kind}/{resource}", kind, message, wait, resource=resource, devices=len(ids))
+                # A claim's devices count for their driver's share of the node (the kubelet names a
+                # DRA device <driver>/<pool>/<device> when its driver gives no CDI name).
+                drivers = {driver for driver in dra if any(i.startswith(f"{driver}/") for i in ids)}
+                share_of = drivers.pop() if len(drivers) == 1 else resource
+                # Only an Unhealthy device is fenced: the device, not the pod, is what failed.
+                fenceable = tuple(sorted(ids & published)) if ids <= published and kind == "podDevice" else ()
+                signal(
+                    f"{kind}/{resource}",
+                    kind,
+                    message,
+                    wait,
+                    resource=share_of,
+                    devices=len(ids),
+                    device_ids=fenceable,
+                )
 
+    devices.update(_dra_counts(dra, signals_policy))
     due = [s for s in found if s.due(now)]
     failed_share = _failed_share(due, devices)
     holds_marks = _holds_marks(node, record)
@@ -808,6 +1042,95 @@ def assess(
         # Terminating pods still hold their devices until the kubelet ends them.
         drained=not any(_drain_evicts(pod, policy) for pod in live_pods),
     )
+
+
+def _dra_devices(node: NodeFacts, policy: Policy) -> dict[str, list[DraDevice]]:
+    """The node's published devices of accelerator drivers, by driver."""
+    drivers: dict[str, list[DraDevice]] = {}
+    for device in node.dra.devices:
+        if policy.accelerators.is_accelerator_driver(device.driver):
+            drivers.setdefault(device.driver, []).append(device)
+    return drivers
+
+
+def failing_taints(device: DraDevice, signals: HealthSignals) -> tuple[Taint, ...]:
+    """The device's taints that fail it: NoSchedule or NoExecute with a key the policy names (any
+    when it names none). Effect None is informational, and gpuguard's own key is never its signal."""
+    taints = signals.deviceTaints
+    return tuple(t for t in device.taints if t.key != TAINT_KEY and taints.fails(t.key, t.effect))
+
+
+def _dra_counts(dra: Mapping[str, Sequence[DraDevice]], signals: HealthSignals) -> dict[str, tuple[int, int]]:
+    return {
+        driver: (sum(1 for d in published if not failing_taints(d, signals)), len(published))
+        for driver, published in sorted(dra.items())
+    }
+
+
+def _listed(devices: Sequence[str], most: int = 3) -> str:
+    shown = ", ".join(devices[:most])
+    return shown + (f" and {len(devices) - most} more" if len(devices) > most else "")
+
+
+def _dra_signals(
+    driver: str, published: Sequence[DraDevice], signals: HealthSignals, signal: Callable[..., None]
+) -> None:
+    """A driver's tainted devices, and its devices showing a claim condition the policy names."""
+    tainted = [(device, failing_taints(device, signals)) for device in published]
+    tainted = [(device, taints) for device, taints in tainted if taints]
+    if tainted:
+        named = [
+            f"{d.id} ({', '.join(f'{t.key}={t.value}:{t.effect}' if t.value else f'{t.key}:{t.effect}' for t in taints)}"
+            f", ResourceSlice {d.slice})"
+            for d, taints in tainted
+        ]
+        signal(
+            f"deviceTaint/{driver}",
+            "deviceTaint",
+            f"{driver}: {len(tainted)} of {len(published)} devices tainted by their driver: {_listed(named)}",
+            signals.deviceTaints.forSeconds,
+            resource=driver,
+            devices=len(tainted),
+            device_ids=tuple(device.id for device, _ in tainted),
+        )
+    for wanted in signals.claimDeviceConditions:
+        showing, ids = [], []
+        for device in published:
+            match = next(
+                (c for c in device.conditions if c.type == wanted.type and c.status == wanted.status), None
+            )
+            if match is not None:
+                said = f"{match.reason}: {match.message}" if match.message else match.reason or match.type
+                showing.append(f"{device.id} ({said})")
+                ids.append(device.id)
+        if showing:
+            signal(
+                f"deviceCondition/{wanted.type}/{driver}",
+                "deviceCondition",
+                f"{driver}: {len(showing)} of {len(published)} devices with claim condition "
+                f"{wanted.type}={wanted.status}: {_listed(showing)}",
+                wanted.forSeconds,
+                resource=driver,
+                devices=len(showing),
+                device_ids=tuple(ids),
+            )
+
+
+def _failed_devices(node: NodeFacts, due: Sequence[Signal]) -> dict[str, DeviceFence]:
+    """The node's DRA devices the due signals fail (a None fence each, the effect chosen later)."""
+    published = {device.id: device for device in node.dra.devices}
+    return {
+        key: DeviceFence(published[key].driver, published[key].pool, published[key].name, "None")
+        for signal in due
+        for key in signal.device_ids
+        if key in published
+    }
+
+
+def _fence_effect(policy: Policy) -> DeviceTaintEffect:
+    """NoExecute when evictions are enforced and the device-taint-eviction controller is to do them."""
+    evicting = policy.health.dra.evict == "deviceTaint" and policy.health_mode("evict") == "enforce"
+    return "NoExecute" if evicting else "NoSchedule"
 
 
 def _drain_evicts(pod: PodFacts, policy: Policy) -> bool:
@@ -863,6 +1186,92 @@ class Fleet:
     breaker_open: bool
 
 
+DeviceTaintEffect = Literal["None", "NoSchedule", "NoExecute"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFence:
+    """A DeviceTaintRule of gpuguard's on one DRA device: its taint is TAINT_KEY with `effect`."""
+
+    driver: str
+    pool: str
+    device: str
+    effect: DeviceTaintEffect
+
+    @property
+    def id(self) -> str:
+        return device_id(self.driver, self.pool, self.device)
+
+    @property
+    def rule(self) -> str:
+        return rule_name(self.id)
+
+
+def rule_name(device: str) -> str:
+    """gpuguard-<hash>: one rule per device, the same name from any replica."""
+    return f"{RULE_PREFIX}{hashlib.sha256(device.encode()).hexdigest()[:16]}"
+
+
+# What marks a DeviceTaintRule as gpuguard's: the controllers list only rules with this label, and a
+# rule of theirs names its node and device in annotations (a node name may be longer than a label).
+RULE_PREFIX = "gpuguard-"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpuguard"
+RULE_NODE_ANNOTATION = "gpuguard.io/node"
+RULE_DEVICE_ANNOTATION = "gpuguard.io/device"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnRule:
+    """One of gpuguard's DeviceTaintRules, as cached."""
+
+    name: str
+    node: str
+    device: str
+    effect: str
+    resource_version: str
+
+
+def own_rule(raw: Mapping[str, Any]) -> OwnRule | None:
+    """A DeviceTaintRule gpuguard created (its label, its name, its annotations); None for any other."""
+    metadata, spec = _mapping(raw.get("metadata")), _mapping(raw.get("spec"))
+    annotations = _mapping(metadata.get("annotations"))
+    name, node, device = (
+        metadata.get("name"),
+        annotations.get(RULE_NODE_ANNOTATION),
+        annotations.get(RULE_DEVICE_ANNOTATION),
+    )
+    if (
+        _mapping(metadata.get("labels")).get(MANAGED_BY_LABEL) != MANAGED_BY
+        or not isinstance(name, str)
+        or not name.startswith(RULE_PREFIX)
+        or not isinstance(node, str)
+        or not isinstance(device, str)
+    ):
+        return None
+    effect = str(_mapping(spec.get("taint")).get("effect", ""))
+    return OwnRule(name, node, device, effect, str(metadata.get("resourceVersion", "")))
+
+
+def rule_object(fence: DeviceFence, node: str, node_uid: str) -> dict[str, Any]:
+    """The DeviceTaintRule of a fence, owned by its Node (the garbage collector removes it with the
+    Node; gpuguard removes it once the device is no longer failed)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": fence.rule,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            "annotations": {RULE_NODE_ANNOTATION: node, RULE_DEVICE_ANNOTATION: fence.id},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}],
+        },
+        "spec": {
+            "deviceSelector": {"driver": fence.driver, "pool": fence.pool, "device": fence.device},
+            "taint": {"key": TAINT_KEY, "effect": fence.effect},
+        },
+    }
+
+
 @dataclass(frozen=True)
 class NodePlan:
     assessment: Assessment
@@ -890,6 +1299,8 @@ class NodePlan:
     # Why gpuguard keeps its marks on a node whose devices are clear again (repeated failures), until
     # an operator acknowledges it; "" otherwise.
     escalated: str = ""
+    # The DeviceTaintRules gpuguard wants on this node's DRA devices, by device id.
+    fences: Mapping[str, DeviceFence] = field(default_factory=dict)
 
     def budget_slot(self) -> bool:
         """The node takes a place in its pool's budget."""
@@ -913,6 +1324,7 @@ def plan_node(
     record, clamped_fields = clamped(record, now)
     record = _carried(node, record)
     assessment = assess(node, pods, policy, now, record)
+    fences: dict[str, DeviceFence] = {}
     health = policy.health
     modes: dict[StepAction, Mode] = {
         "condition": policy.health_mode("condition"),
@@ -961,19 +1373,23 @@ def plan_node(
             record = replace(record, admitted_at=now)
             admitted = True
         summary = _summary(assessment, due)
+        devices = _failed_devices(node, due) if node.dra.fencing else {}
+        # Failed DRA devices are fenced alone; the node is tainted only for what no fence covers.
+        device_only = bool(devices) and all(signal.device_ids for signal in due)
+        effect = _fence_effect(policy)
         if admitted and record.cancelled_at is None:
-            wanted, record = _step(
-                ladder,
-                wanted,
-                record,
-                "taint",
-                modes,
-                held,
-                now,
-                change=not node.tainted,
-                tainted=True,
-                note=f"taint {TAINT_KEY}:NoSchedule: {summary}",
-            )
+            taint: dict[str, Any] = {
+                "change": not node.tainted,
+                "tainted": True,
+                "note": f"taint {TAINT_KEY}:NoSchedule: {summary}",
+            }
+            if device_only:
+                ids = sorted(devices)
+                taint = {
+                    "change": dict(node.dra.fenced) != dict.fromkeys(ids, effect),
+                    "note": f"DeviceTaintRule {TAINT_KEY}:{effect} on {_listed(ids)}: {summary}",
+                }
+            wanted, record = _step(ladder, wanted, record, "taint", modes, held, now, **taint)
             if (
                 record.draining_since is None
                 and assessment.failed_share * 100 >= health.actions.drain.threshold
@@ -998,6 +1414,12 @@ def plan_node(
                     record = replace(record, draining_since=now, cordoned=not node.unschedulable)
         elif held and disruptive and due:
             ladder.append(Step("taint", "hold", modes["taint"], held))
+        if modes["taint"] != "off":
+            # Until the taint step is done, a None rule: the API's own dry run of the device's eviction.
+            enforced = admitted and not held and record.cancelled_at is None and modes["taint"] == "enforce"
+            fences = {
+                key: replace(device, effect=effect if enforced else "None") for key, device in devices.items()
+            }
         last = record.last_action, record.last_action_at
         condition = _condition(assessment, record, summary, held)
         wanted, record = _mark(steps, wanted, record, node, condition, modes, hands_off, now)
@@ -1033,6 +1455,7 @@ def plan_node(
         record_lost=record_lost,
         clamped=clamped_fields,
         escalated=escalated,
+        fences=fences,
     )
 
 
@@ -1202,20 +1625,29 @@ def _bookkeeping(
 
 
 def _registered_devices(node: NodeFacts, policy: Policy) -> dict[str, int]:
-    """The accelerator resources the node reports devices of, and how many."""
+    """The accelerator resources the node reports devices of, and how many; and the devices of each
+    accelerator DRA driver its ResourceSlices publish, by driver name."""
     accelerators = policy.accelerators
-    return {
+    registered = {
         name: count
         for name, count in node.capacity.items()
         if count > 0 and accelerators.is_accelerator_resource(name)
     }
+    registered.update(
+        (driver, count)
+        for driver, count in node.dra.counts().items()
+        if accelerators.is_accelerator_driver(driver)
+    )
+    return registered
 
 
 def _seen_devices(node: NodeFacts, record: NodeRecord, policy: Policy) -> dict[str, int]:
     """The most devices seen per resource: what the record expects from now on. No capacity at all
-    (a kubelet restart, a plugin gone) changes nothing; other resource names (a new MIG layout, a new
-    sharing configuration) start again from what the node reports."""
+    (a kubelet restart, a plugin gone, a DRA driver whose slices are gone) changes nothing; other
+    resource names (a new MIG layout, a new sharing configuration) start again from what the node
+    reports. A driver whose pool is being republished keeps what was expected of it."""
     reported = _registered_devices(node, policy)
+    reported.update((d, record.expected[d]) for d in node.dra.updating if d in record.expected)
     if not reported:
         return dict(record.expected)
     seen = record.expected if set(record.expected) == set(reported) else {}
@@ -1226,7 +1658,8 @@ def missing_devices(node: NodeFacts, record: NodeRecord, policy: Policy) -> dict
     """resource -> (capacity, expected) where the node reports fewer devices than the most gpuguard
     recorded on it (same resources) or the policy's expectedDevices for its class."""
     reported = _registered_devices(node, policy)
-    seen = record.expected if set(record.expected) == set(reported) else {}
+    updating = {d: record.expected[d] for d in node.dra.updating if d in record.expected}
+    seen = record.expected if set(record.expected) == set(reported) | set(updating) else {}
     baseline = policy.health.expected_devices(node.labels)
     missing = {}
     for name, capacity in sorted(reported.items()):
@@ -1422,10 +1855,12 @@ def pod_verdict(
     draining: bool = False,
     unknown_since: datetime.datetime | None = None,
     driver_settled: bool = False,
+    fenced: Sequence[str] = (),
 ) -> PodVerdict:
     """Whether a pod should be evicted: it holds an accelerator device reported Unhealthy, or Unknown
     for podDeviceHealth.unknownForSeconds (since `unknown_since`; only a device reported before, while
-    its node's plugins are `driver_settled`), or its node is being drained."""
+    its node's plugins are `driver_settled`), or DRA devices gpuguard `fenced` (NoSchedule rules, whose
+    pods the Eviction API evicts), or its node is being drained."""
     if pod.terminal or pod.deleting or not pod.node:
         return NO_EVICTION
     if pod.disruption_target:
@@ -1440,6 +1875,9 @@ def pod_verdict(
     unhealthy = _reported_devices(pod, policy, "Unhealthy", driver_settled=driver_settled)
     if unhealthy:
         return PodVerdict(True, "DeviceUnhealthy", f"{_devices(unhealthy)} reported Unhealthy")
+    if fenced:
+        note = f"DRA device {', '.join(fenced)} failed, fenced by DeviceTaintRule {TAINT_KEY}:NoSchedule"
+        return PodVerdict(True, "DeviceUnhealthy", note)
     unknown = _reported_devices(pod, policy, "Unknown", driver_settled=driver_settled)
     wait = policy.health.signals.podDeviceHealth.unknownForSeconds
     if unknown and wait is not None and not draining:

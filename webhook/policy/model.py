@@ -193,6 +193,8 @@ class Accelerators(_Model):
     deviceClasses: Patterns
     nodeLabels: Patterns
     taintKeys: Patterns
+    # DRA drivers (ResourceSlice spec.driver, glob patterns) whose devices the controllers watch.
+    draDrivers: Patterns
 
     @cached_property
     def _resource_pattern(self) -> re.Pattern[str]:
@@ -212,6 +214,13 @@ class Accelerators(_Model):
 
     def is_accelerator_device_class(self, name: str) -> bool:
         return self._device_class_pattern.match(name) is not None
+
+    @cached_property
+    def _dra_driver_pattern(self) -> re.Pattern[str]:
+        return re.compile("|".join(fnmatch.translate(p) for p in self.draDrivers) or r"(?!)")
+
+    def is_accelerator_driver(self, name: str) -> bool:
+        return self._dra_driver_pattern.match(name) is not None
 
 
 class _Rule(_Model):
@@ -477,10 +486,19 @@ class DevicePluginSignal(_Model):
         return any(selector.matches(labels) for selector in self.selectors)
 
 
-class NodeConditionSignal(_Model):
+class ConditionSignal(_Model):
     type: str = Field(min_length=1, max_length=316)
     status: Annotated[Literal["True", "False", "Unknown"], BeforeValidator(_condition_status)]
     forSeconds: WaitSeconds
+
+
+class DeviceTaintSignal(_Model):
+    # Taint keys (of effect NoSchedule or NoExecute) that fail a device; empty: any key.
+    keys: list[LabelKey] = Field(max_length=MAX_PATTERNS)
+    forSeconds: WaitSeconds
+
+    def fails(self, key: str, effect: str) -> bool:
+        return effect in ("NoSchedule", "NoExecute") and (not self.keys or key in self.keys)
 
 
 class PodDeviceHealthSignal(_Model):
@@ -496,15 +514,21 @@ class CorrelationSignal(_Model):
 class HealthSignals(_Model):
     deviceGap: DeviceGapSignal
     devicePlugin: DevicePluginSignal
-    nodeConditions: list[NodeConditionSignal] = Field(max_length=MAX_PATTERNS)
+    nodeConditions: list[ConditionSignal] = Field(max_length=MAX_PATTERNS)
+    deviceTaints: DeviceTaintSignal
+    claimDeviceConditions: list[ConditionSignal] = Field(max_length=MAX_PATTERNS)
     podDeviceHealth: PodDeviceHealthSignal
     correlation: CorrelationSignal
 
     @model_validator(mode="after")
     def _condition_types_unique(self) -> HealthSignals:
-        types = [condition.type for condition in self.nodeConditions]
-        if len(types) != len(set(types)):
-            raise ValueError("nodeConditions: each condition type may be listed once")
+        for name, conditions in (
+            ("nodeConditions", self.nodeConditions),
+            ("claimDeviceConditions", self.claimDeviceConditions),
+        ):
+            types = [condition.type for condition in conditions]
+            if len(types) != len(set(types)):
+                raise ValueError(f"{name}: each condition type may be listed once")
         return self
 
 
@@ -553,6 +577,13 @@ class CircuitBreaker(_Model):
     windowSeconds: Seconds
 
 
+class Dra(_Model):
+    # Who evicts the pods of a DRA device gpuguard fences once evictions are enforced: the Eviction API
+    # (PodDisruptionBudgets respected), or the device-taint-eviction controller, through a NoExecute
+    # DeviceTaintRule (it deletes without consulting PodDisruptionBudgets).
+    evict: Literal["evictionAPI", "deviceTaint"]
+
+
 class Health(_Model):
     enabled: bool
     mode: ModeField
@@ -565,6 +596,7 @@ class Health(_Model):
     signals: HealthSignals
     # The first entry whose selector matches a node gives its expected device counts.
     expectedDevices: list[ExpectedDevices] = Field(max_length=MAX_PATTERNS)
+    dra: Dra
     recovery: Recovery
     eviction: Eviction
     budget: Budget
