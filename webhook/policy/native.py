@@ -268,7 +268,13 @@ def policy_name(rule: RuleId) -> str:
 
 
 def _mutating_policy(
-    rule: RuleId, policy: Policy, cel: _Cel, variables: list[JSON], *, pods: bool = True
+    rule: RuleId,
+    policy: Policy,
+    cel: _Cel,
+    variables: list[JSON],
+    *,
+    pods: bool = True,
+    conditions: Sequence[JSON] = (),
 ) -> JSON:
     """The MAP of one rule: its variables end in `edits`, applied with the marks when there are any."""
     groups = {"": ["pods"], **_TEMPLATE_RESOURCES} if pods else {"batch": _TEMPLATE_RESOURCES["batch"]}
@@ -284,7 +290,7 @@ def _mutating_policy(
             # and needed when that mutation adds what a rule looks at.
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {"resourceRules": _resource_rules(groups, ["CREATE"])},
-            "matchConditions": _mutation_conditions(cel, pods=pods),
+            "matchConditions": [*_mutation_conditions(cel, pods=pods), *conditions],
             "variables": [
                 {"name": v["name"], "expression": _as_data(v["expression"])} for v in [*variables, changes]
             ],
@@ -304,7 +310,9 @@ def _mutation_conditions(cel: _Cel, pods: bool) -> list[JSON]:
                 f" || {_mirror('object')})",
             }
         )
-    conditions.append({"name": "accelerator-workload", "expression": cel.accelerator_workload(SPEC)})
+    conditions.append(
+        {"name": "accelerator-workload", "expression": f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})"}
+    )
     return conditions
 
 
@@ -574,8 +582,16 @@ class _Driver:
                 f" {_image_reference('c.image')}.matches({literal(glob_regex(requirement.image))})) ?"
                 f" [{requirement.minDriverMajor}] : [])"
             )
+        self.by_image = by_image
         minima = " + ".join([f"({self.valid} ? [int({number})] : [])", *by_image])
         self.minima = f"({minima})"
+
+    def could_state(self) -> list[JSON]:
+        """A match condition leaving out, cheaply, the workloads that state no minimum (most of them);
+        none when the policy's image map could state one for any workload."""
+        if self.by_image:
+            return []
+        return [{"name": "states-a-driver-minimum", "expression": self.stated}]
 
     def minimum(self, minima: str) -> str:
         """The highest of `minima`, 0 for none."""
@@ -668,11 +684,12 @@ def driver_compatibility(policy: Policy, cel: _Cel) -> JSON:
     variables = [
         {"name": "spec", "expression": SPEC},
         {"name": "path", "expression": SPEC_PATH},
-        {"name": "minimum", "expression": driver.minimum(driver.minima)},
+        {"name": "minima", "expression": driver.minima},
+        {"name": "minimum", "expression": driver.minimum("variables.minima")},
         {"name": "guaranteed", "expression": driver.guarantees("variables.minimum")},
         {"name": "edits", "expression": edits},
     ]
-    return _mutating_policy("driverCompatibility", policy, cel, variables)
+    return _mutating_policy("driverCompatibility", policy, cel, variables, conditions=driver.could_state())
 
 
 def driver_compatibility_check(policy: Policy, cel: _Cel) -> JSON:
@@ -687,10 +704,15 @@ def driver_compatibility_check(policy: Policy, cel: _Cel) -> JSON:
         {"": ["pods"], **_TEMPLATE_RESOURCES},
         [
             _NOT_AN_EXEMPT_POD,
-            {"name": "accelerator-workload", "expression": cel.accelerator_workload(SPEC)},
+            {
+                "name": "accelerator-workload",
+                "expression": f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",
+            },
+            *now.could_state(),
         ],
         [
-            {"name": "minimum", "expression": now.minimum(now.minima)},
+            {"name": "minima", "expression": now.minima},
+            {"name": "minimum", "expression": now.minimum("variables.minima")},
             {
                 "name": "minimumBefore",
                 "expression": f"request.operation == 'UPDATE' ? {before.minimum(before.minima)} : 0",
@@ -910,7 +932,14 @@ def trusted_device_software(policy: Policy) -> JSON:
             "batch": ["jobs", "cronjobs"],
             "apps": ["deployments", "statefulsets", "replicasets", "daemonsets"],
         },
-        [{"name": "not-a-mirror-pod", "expression": f"request.kind.kind != 'Pod' || !{_mirror('object')}"}],
+        [
+            {"name": "not-a-mirror-pod", "expression": f"request.kind.kind != 'Pod' || !{_mirror('object')}"},
+            # No hostPath, no device software: most workloads stop here.
+            {
+                "name": "mounts-a-host-path",
+                "expression": f"[{SPEC}].exists(s, has(s.volumes) && s.volumes.exists(v, has(v.hostPath)))",
+            },
+        ],
         variables,
         [
             {
