@@ -1,5 +1,6 @@
 """What a pod create costs: the real kube-apiserver alone, with gpuguard's webhooks, with the native
-MutatingAdmissionPolicy doing gpuguard's readiness-toleration injection, in one run.
+MutatingAdmissionPolicy doing gpuguard's readiness-toleration injection, with the whole policy compiled
+into native policies (`gpuguard policy compile`), in one run.
 
 GPU pods (the shared corpus' accelerator workloads as bare pods, or bench/payloads.py's when the corpus is
 absent) are created at fixed rates, open loop: each create is due at its slot whatever the earlier ones
@@ -54,6 +55,7 @@ from bench.bench import (
 )
 from webhook.certs.files import CA_FILE
 from webhook.policy.model import Accelerators, default_policy
+from webhook.policy.native import compile_policy
 
 REPO = Path(__file__).resolve().parents[1]
 # The end-to-end harness is the bench's too: the same control plane, deploy/ install and gpuguard replica.
@@ -92,6 +94,7 @@ GPUGUARD_LABEL = "bench.gpuguard.io/gpuguard"
 MAP_LABEL = "bench.gpuguard.io/map"
 KYVERNO_LABEL = "bench.gpuguard.io/kyverno"
 NO_OP_LABEL = "bench.gpuguard.io/no-op"
+NATIVE_LABEL = "bench.gpuguard.io/native"
 # deploy/'s webhooks that scenario (e) copies, and the names of the copies.
 NO_OP_MIRRORS = {
     "mutate.gpuguard.io": "mutate.no-op.bench.gpuguard.io",
@@ -104,6 +107,8 @@ CLEAN_UP_TIMEOUT_S = 300.0
 FLOOR_RATE = 200
 FLOOR_P50_MS = 1.0
 FLOOR_P99_MS = 3.0
+# The compiled native policies may add at most this much more than the hand-written MAP of (c).
+NATIVE_OVER_MAP = 1.10
 API_SERVER_DEFAULT_SECONDS = 300
 CORPUS_PRIORITY = (
     2000  # for classes the corpus names: above acceleratorNodeGuard's minPriority, as the e2e does
@@ -413,6 +418,25 @@ def install_map(plane: ControlPlane) -> Extension:
     return Extension(
         "c", "(c) MutatingAdmissionPolicy", namespace, {f"policy {name}": policy_check(name)}, True
     )
+
+
+def install_native(plane: ControlPlane) -> Extension:
+    """`gpuguard policy compile` of the default policy, every binding narrowed to the bench's namespace."""
+    objects = compile_policy(default_policy()).objects
+    for obj in objects:
+        if obj["kind"].endswith("Binding"):
+            obj["spec"]["matchResources"]["namespaceSelector"] = {"matchLabels": {NATIVE_LABEL: "true"}}
+    plane.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    )
+    namespace = _labelled_namespace(plane, "bench-native", {NATIVE_LABEL: "true"})
+    series = {
+        f"policy {name}": policy_check(name)
+        for obj in objects
+        if obj["kind"] == "MutatingAdmissionPolicy"
+        for name in [obj["metadata"]["name"]]
+    }
+    return Extension("n", "(n) gpuguard policy compile (native)", namespace, series, True)
 
 
 def install_kyverno(plane: ControlPlane, build: Path, work: Path, stack: ExitStack) -> Extension:
@@ -899,6 +923,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = SAY) -> Results:
             creators = stack.enter_context(Creators(plane, CONNECTIONS))
             say("installing deploy/ and one gpuguard replica; applying bench/map/")
             extensions = [no_extension(plane), install_gpuguard(plane, work, stack), install_map(plane)]
+            say("applying `gpuguard policy compile` of the default policy")
+            extensions.append(install_native(plane))
             if args.kyverno is not None:
                 say(f"starting Kyverno from {args.kyverno}")
                 extensions.append(install_kyverno(plane, args.kyverno, work, stack))
@@ -1004,6 +1030,16 @@ def floors(results: Results) -> list[tuple[str, str, bool]]:
             errors == 0 and fail_open == 0,
         ),
     ]
+    map_p50, map_p99 = _added_ms(results, "c", "a", rate)
+    native_p50, native_p99 = _added_ms(results, "n", "a", rate)
+    for quantile, native, by_map in (("p50", native_p50, map_p50), ("p99", native_p99, map_p99)):
+        checks.append(
+            (
+                f"native adds ≤ (c) + {NATIVE_OVER_MAP - 1:.0%} at {quantile} over (a), {rate:g} creates/s",
+                f"{_delta(native)} ms vs (c) {_delta(by_map)} ms",
+                native <= by_map * NATIVE_OVER_MAP,
+            )
+        )
     for extension in results.extensions:
         if extension.mutates:
             ok, why = results.mutations.verdict(extension, "b")

@@ -1,6 +1,6 @@
 """The pod-create bench (`bench/run admission`) at a tiny size, so that it cannot rot unnoticed: it starts
-its own control plane, installs deploy/ with a gpuguard replica, bench/map/'s policy and the no-op
-webhooks, creates pods in every scenario and writes its report. Its timing floors are the bench's
+its own control plane, installs deploy/ with a gpuguard replica, bench/map/'s policy, the compiled
+native policies and the no-op webhooks, creates pods in every scenario and writes its report. Its timing floors are the bench's
 business, not the suite's: this asserts what must hold on any machine, that no create failed and that
 both extensions mutated every pod."""
 
@@ -37,13 +37,19 @@ def test_admission_bench_runs_every_scenario(control_plane: ControlPlane, tmp_pa
     # FLOOR_MISSED: a timing floor missed, on a busy machine; anything else is a failed run.
     assert result.returncode in (0, FLOOR_MISSED), result.stderr[-3000:]
     report = out.read_text()
-    scenarios = ("(a) no admission extension", "(b) gpuguard webhooks", "(c) MutatingAdmissionPolicy")
+    scenarios = (
+        "(a) no admission extension",
+        "(b) gpuguard webhooks",
+        "(c) MutatingAdmissionPolicy",
+        "(n) gpuguard policy compile (native)",
+    )
     for scenario in (*scenarios, "(e) no-op webhooks"):
         assert f"| {scenario} | 20/s |" in report
     floors = _floors(report)
     assert floors["No create fails (every scenario, rate and saturation run)"] == "met", report
     assert floors["(b) gpuguard webhooks mutates the created pods"] == "met", report
     assert floors["(c) MutatingAdmissionPolicy mutates the created pods"] == "met", report
+    assert floors["(n) gpuguard policy compile (native) mutates the created pods"] == "met", report
     assert "`apiserver_admission_webhook_admission_duration_seconds` mutate.gpuguard.io" in report
     assert "`apiserver_mutating_admission_policy_check_duration_seconds`" in report
     # The no-op webhooks were called (they answered the API server: no create failed, none failed open).

@@ -1,5 +1,5 @@
-"""`gpuguard policy`: check a policy, print the default or the effective (merged) policy, and ask a
-running server which policy it serves."""
+"""`gpuguard policy`: check a policy, print the default or the effective (merged) policy, compile it
+into the API server's own admission policies, and ask a running server which policy it serves."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import orjson
 from webhook.certs import files as certfiles
 from webhook.cli import inputs, output
 from webhook.policy.model import PolicyError, default_policy_text, parse_policy
+from webhook.policy.native import compile_policy
 
 DEFAULT_URL = "https://localhost:8443"
 DEFAULT_CACERT = f"certs/{certfiles.CA_FILE}"
@@ -50,6 +51,26 @@ def run_effective(args: argparse.Namespace) -> int:
         source = inputs.display_name(args.file) if args.file else "no policy file"
         print(f"# policy {policy.hash}: {source} merged over the embedded default, as the server runs it")
         sys.stdout.write(output.dump_yaml(effective))
+    return output.EXIT_OK
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    policy = inputs.load_policy(args.policy)
+    compiled = compile_policy(policy)
+    gaps = output.table(["rule", "left to the webhook"], ((gap.rule, gap.what) for gap in compiled.gaps))
+    if args.output == "json":
+        sys.stdout.write(output.dump_json(output.as_list(compiled.objects)))
+        sys.stderr.write(gaps)
+        return output.EXIT_OK
+    source = inputs.display_name(args.policy) if args.policy else "the embedded default policy"
+    header = [
+        f"policy {policy.hash} ({source}) as MutatingAdmissionPolicies and ValidatingAdmissionPolicies.",
+        "What they cannot decide stays the webhook's:",
+        "",
+        *gaps.splitlines(),
+    ]
+    sys.stdout.write("".join(f"# {line}".rstrip() + "\n" for line in header))
+    sys.stdout.write("".join(f"---\n{output.dump_yaml(obj)}" for obj in compiled.objects))
     return output.EXIT_OK
 
 
@@ -130,6 +151,16 @@ def register(commands: output.Commands) -> None:
     )
     output.add_output_option(effective)
     effective.set_defaults(run=run_effective)
+
+    compile_ = output.add_parser(
+        policy,
+        "compile",
+        help="print the MutatingAdmissionPolicies, ValidatingAdmissionPolicies and bindings that decide what"
+        " CEL can of the policy, and what is left to the webhook",
+    )
+    inputs.add_policy_argument(compile_)
+    output.add_output_option(compile_)
+    compile_.set_defaults(run=run_compile)
 
     status = output.add_parser(policy, "status", help="show the policy a running server serves (GET /policy)")
     status.add_argument("--url", default=DEFAULT_URL, help="the server's base URL")

@@ -730,9 +730,12 @@ class Policy(_Model):
 
         `labels` are the namespace's labels when the cluster is known; selector overrides need them.
         """
+        return self.mode_under(rule, self.namespace_override(namespace, labels))
+
+    def mode_under(self, rule: RuleId, override: NamespaceOverride | None) -> Mode:
+        """The rule's mode where `override` is the most specific namespace entry (None: none is)."""
         if not self.enabled:
             return "off"
-        override = self.namespace_override(namespace, labels)
         if override is not None:
             if rule in override.rules:
                 return override.rules[rule]

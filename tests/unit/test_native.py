@@ -1,0 +1,190 @@
+"""The policy compiled into native admission policies: the pure parts (bindings, literals, patterns).
+
+What the API server does with the expressions is proven on a real one in tests/e2e/test_native.py.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+
+import pytest
+
+from webhook.cli import main
+from webhook.policy import hostpaths, images
+from webhook.policy.model import RULE_IDS, LabelSelector, default_policy, parse_policy
+from webhook.policy.native import (
+    _REFERENCE,
+    NAME_LABEL,
+    compile_policy,
+    glob_regex,
+    literal,
+    regions,
+)
+
+SELECTORS_POLICY = """
+mode: enforce
+rules:
+  priority: {mode: warn}
+namespaces:
+  - names: [team-a, team-b]
+    mode: audit
+  - selector: {matchLabels: {tier: batch, env: prod}}
+    rules: {readinessTolerations: "off", acceleratorNodeGuard: warn}
+  - selector: {matchExpressions: [{key: sandbox, operator: Exists}]}
+    mode: warn
+  - names: [team-c]
+    rules: {trustedDeviceSoftware: "off"}
+"""
+
+NAMESPACES = [
+    (name, labels)
+    for name in ("team-a", "team-c", "kube-system", "default", "other")
+    for labels in (
+        {},
+        {"tier": "batch"},
+        {"tier": "batch", "env": "prod"},
+        {"tier": "batch", "env": "prod", "sandbox": "1"},
+        {"sandbox": ""},
+        {"env": "prod", "sandbox": "x"},
+    )
+]
+
+
+def _selects(requirements: list[dict[str, object]], name: str, labels: dict[str, str]) -> bool:
+    selector = LabelSelector.model_validate({"matchExpressions": requirements})
+    return selector.matches({**labels, NAME_LABEL: name})
+
+
+@pytest.mark.parametrize("text", [SELECTORS_POLICY, ""], ids=["selectors", "default"])
+def test_every_namespace_falls_in_exactly_one_region_with_the_engines_mode(text: str) -> None:
+    policy = parse_policy(text)
+    split = regions(policy)
+    for name, labels in NAMESPACES:
+        holding = [r for r in split if _selects(r.requirements, name, labels)]
+        assert len(holding) == 1, (name, labels, [r.description for r in holding])
+        for rule in RULE_IDS:
+            assert policy.mode_under(rule, holding[0].override) == policy.mode_for(rule, name, labels)
+
+
+def test_bindings_carry_each_regions_mode_and_a_mutation_outside_enforce_is_named() -> None:
+    policy = parse_policy(SELECTORS_POLICY)
+    compiled = compile_policy(policy)
+    bindings = [o for o in compiled.objects if o["kind"].endswith("Binding")]
+    guard = [b for b in bindings if b["spec"]["policyName"] == "gpuguard-accelerator-node-guard"]
+    for name, labels in NAMESPACES:
+        if name == "kube-system":
+            assert not any(
+                _selects(b["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"], name, labels)
+                for b in bindings
+            ), "the namespaces deploy/'s webhooks never see"
+            continue
+        matching = [
+            b
+            for b in guard
+            if _selects(b["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"], name, labels)
+        ]
+        mode = policy.mode_for("acceleratorNodeGuard", name, labels)
+        expected = {"enforce": [["Deny"]], "warn": [["Warn"]], "audit": [["Audit"]], "off": []}[mode]
+        assert [b["spec"]["validationActions"] for b in matching] == expected, (name, labels)
+    # priority warns everywhere it is on: no MAP binding at all, and the output says so per region.
+    assert not [b for b in bindings if b["spec"]["policyName"] == "gpuguard-priority"]
+    assert not [o for o in compiled.objects if o["metadata"]["name"] == "gpuguard-priority"]
+    named = [g.what for g in compiled.gaps if g.rule == "priority"]
+    assert any("warn mode in every other namespace" in what for what in named)
+    assert any("audit mode in namespaces team-a, team-b" in what for what in named)
+
+
+def test_a_disabled_policy_compiles_to_nothing_and_says_so() -> None:
+    compiled = compile_policy(parse_policy("enabled: false"))
+    assert compiled.objects == []
+    assert [g.rule for g in compiled.gaps] == ["all"]
+
+
+def test_a_class_the_policy_does_not_value_leaves_the_priority_rule_to_the_webhook() -> None:
+    compiled = compile_policy(parse_policy("rules: {priority: {className: elsewhere}}"))
+    assert "gpuguard-priority" not in [o["metadata"]["name"] for o in compiled.objects]
+    assert any("not in the policy's priorityClasses" in g.what for g in compiled.gaps)
+
+
+def test_every_policy_is_bound_and_every_binding_names_a_policy() -> None:
+    compiled = compile_policy(default_policy())
+    policies = {o["metadata"]["name"] for o in compiled.objects if not o["kind"].endswith("Binding")}
+    bound = {o["spec"]["policyName"] for o in compiled.objects if o["kind"].endswith("Binding")}
+    assert policies == bound
+    assert {g.rule for g in compiled.gaps} >= {"driverCompatibility", "acceleratorNodeGuard"}
+
+
+def test_literals_are_cel() -> None:
+    assert literal({"a": [1, "x\n'\""], "b": True}) == '{"a": dyn([1, "x\\n\'\\""]), "b": dyn(true)}'
+
+
+GLOBS = ["nvidia.com/mig-*", "café_*", "*/gpu", "a?c", "[ab]x", "[!ab]x", "x[", "gpu.intel.com/*", "*tpu*"]
+NAMES = [
+    "nvidia.com/mig-1g",
+    "vendor/gpu",
+    "abc",
+    "ax",
+    "cx",
+    "x[",
+    "gpu.intel.com/i915",
+    "google.com/tpu",
+    "a.c/x",
+]
+
+
+@pytest.mark.parametrize(("glob", "name"), list(itertools.product(GLOBS, NAMES)))
+def test_globs_translate_as_fnmatch_reads_them(glob: str, name: str) -> None:
+    assert bool(re.fullmatch(glob_regex(glob), name)) == fnmatch.fnmatchcase(name, glob)
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "nvcr.io/nvidia/k8s-device-plugin:v0.17.0",
+        "busybox",
+        "rocm/k8s-device-plugin",
+        "localhost:5000/x/y@sha256:" + "a" * 64,
+        "Nvcr.io/nvidia/x",
+        "nvcr.io/Nvidia/x",
+        "x::1",
+        "",
+        " busybox",
+        "a/b:" + "t" * 129,
+    ],
+)
+def test_the_reference_grammar_is_the_parsers(image: str) -> None:
+    assert bool(re.fullmatch(_REFERENCE, image)) == (images.parse(image) is not None)
+
+
+def test_host_path_patterns_are_matched_component_by_component() -> None:
+    for pattern in default_policy().rules.trustedDeviceSoftware.hostPaths:
+        parts = hostpaths.components(pattern) or ()
+        for glob in parts:
+            assert re.fullmatch(glob_regex(glob), glob.replace("*", "0"))
+
+
+def test_compile_prints_the_objects_and_what_is_left(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "compile"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# policy ")
+    assert "# driverCompatibility" in out
+    assert out.count("\n---\n") + out.startswith("---") >= 8
+
+
+@pytest.mark.parametrize(
+    "text", [SELECTORS_POLICY, "", "rules: {podFailurePolicy: {onFailureJobs: convert}}"]
+)
+def test_every_variable_is_defined_before_it_is_read(text: str) -> None:
+    for obj in compile_policy(parse_policy(text)).objects:
+        spec = obj["spec"]
+        defined: list[str] = []
+        for variable in spec.get("variables", []):
+            assert set(re.findall(r"variables\.(\w+)", variable["expression"])) <= set(defined), variable
+            defined.append(variable["name"])
+        later = [m["jsonPatch"]["expression"] for m in spec.get("mutations", [])] + [
+            v[key] for v in spec.get("validations", []) for key in ("expression", "messageExpression")
+        ]
+        for expression in later:
+            assert set(re.findall(r"variables\.(\w+)", expression)) <= set(defined), expression
