@@ -184,5 +184,10 @@ class AdmissionApp:
         # A dry run must answer like the real request but leave no trace in the decision counters.
         decisions = () if answer.dry_run else answer.decisions
         self.state.metrics.observe(endpoint, answer.result, elapsed, decisions)
-        fields: dict[str, Any] = answer.summary | {"latencyMs": round(elapsed * 1000, 3)}
-        log.info("admission %s", answer.result, extra={"fields": fields})
+        log_decision(answer, elapsed)
+
+
+def log_decision(answer: review.Answer, seconds: float) -> None:
+    """The decision log line: one per answered review, its summary and how long answering took."""
+    fields: dict[str, Any] = answer.summary | {"latencyMs": round(seconds * 1000, 3)}
+    log.info("admission %s", answer.result, extra={"fields": fields})
