@@ -5,7 +5,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Callable, Iterator
 
+import pytest
+
+from webhook import logs
 from webhook.logs import JSONFormatter
 
 
@@ -53,3 +57,66 @@ def test_an_exception_is_kept_inside_the_one_line() -> None:
     (line,) = stream.getvalue().splitlines()
     parsed = json.loads(line)
     assert parsed["message"] == "handler failed" and "ValueError: boom" in parsed["exception"]
+
+
+@pytest.fixture
+def stderr(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[[], str]]:
+    """What `configure`'s logging wrote to stderr so far; the root logger's handlers and level restored
+    after the test."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        yield lambda: capsys.readouterr().err
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+
+
+def untimed(line: str) -> str:
+    """The line with its time, the one part two lines written one after the other cannot share."""
+    stamp = json.loads(line)["time"]
+    return line.replace(stamp, "T", 1)
+
+
+@pytest.mark.parametrize("worker", [None, 1])
+def test_a_line_written_directly_is_the_line_logging_writes(
+    stderr: Callable[[], str], worker: int | None
+) -> None:
+    logs.configure(worker=worker)
+    logger = logging.getLogger("gpuguard.test")
+    fields = {"uid": "u-1", "applied": ["priority: set"], "level": "a field wins", "odd": frozenset({"x"})}
+
+    logs.info(logger, "admission allowed", fields)
+    logger.info("%s", "admission allowed", extra={"fields": fields})
+
+    direct, through_logging = stderr().splitlines()
+    assert untimed(direct) == untimed(through_logging)
+    assert json.loads(direct)["level"] == "a field wins" and json.loads(direct)["odd"] == "frozenset({'x'})"
+    assert json.loads(direct).get("worker") == worker
+
+
+def test_a_line_below_the_configured_level_is_not_written(stderr: Callable[[], str]) -> None:
+    logs.configure(logging.WARNING)
+    logs.info(logging.getLogger("gpuguard.test"), "admission allowed", {"uid": "u-1"})
+    assert stderr() == ""
+
+
+def test_handlers_and_filters_other_than_configures_get_the_record(
+    stderr: Callable[[], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    logs.configure()
+    logging.getLogger().addHandler(caplog.handler)  # configure replaced every handler, pytest's too
+    logger = logging.getLogger("gpuguard.test")
+    with caplog.at_level(logging.INFO, "gpuguard.test"):
+        logs.info(logger, "admission denied", {"uid": "u-2"})
+    (record,) = caplog.records
+    assert record.getMessage() == "admission denied" and record.__dict__["fields"] == {"uid": "u-2"}
+
+    caplog.clear()
+    hidden = logging.Filter("elsewhere")
+    logger.addFilter(hidden)
+    try:
+        logs.info(logger, "admission denied", {"uid": "u-3"})
+    finally:
+        logger.removeFilter(hidden)
+    assert "u-3" not in stderr()

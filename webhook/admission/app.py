@@ -11,10 +11,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from webhook import logs
 from webhook.admission import review
 from webhook.metrics import Metrics
 from webhook.policy.facts import NO_FACTS, ClusterFacts
@@ -189,5 +189,4 @@ class AdmissionApp:
 
 def log_decision(answer: review.Answer, seconds: float) -> None:
     """The decision log line: one per answered review, its summary and how long answering took."""
-    fields: dict[str, Any] = answer.summary | {"latencyMs": round(seconds * 1000, 3)}
-    log.info("admission %s", answer.result, extra={"fields": fields})
+    logs.info(log, f"admission {answer.result}", answer.summary | {"latencyMs": round(seconds * 1000, 3)})
