@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from webhook import logs
 from webhook.logs import JSONFormatter
@@ -34,6 +37,21 @@ def test_a_line_carries_the_message_and_the_fields() -> None:
     assert line["message"] == "refused policy from file p.yaml"
     assert line["error"] == "bad\nvalue" and line["errors"] == 3
     assert str(line["time"]).endswith("+00:00")
+
+
+@given(
+    st.floats(min_value=-1e10, max_value=1e10)
+    | st.integers(min_value=0, max_value=10**10).map(lambda second: second + 0.9999995)
+    | st.integers(min_value=0, max_value=10**10).map(float)
+)
+@example(1_000_000_000.0000005)  # rounds half to even: down to .000000
+@example(1_000_000_000.9999996)  # rounds up into the next second
+def test_the_time_is_datetimes_iso_format_to_the_microsecond(created: float) -> None:
+    made = record("at a time")
+    made.created = created
+    expected = datetime.datetime.fromtimestamp(created, datetime.UTC).isoformat()
+    assert formatted(made)["time"] == expected
+    assert formatted(made)["time"] == expected  # the same second again, from what the first line kept
 
 
 def test_fields_that_json_cannot_hold_are_written_as_text() -> None:
