@@ -11,7 +11,6 @@ from typing import Any, TextIO
 
 import orjson
 
-
 # The last second a line was written in and its ISO 8601 text: the seconds' part is the same for every
 # line in a second, and making it through datetime costs a third of the decision line.
 _second: tuple[int, str] = (0, "1970-01-01T00:00:00")
