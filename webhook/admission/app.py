@@ -56,17 +56,28 @@ class BodyBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
+        self._waiting = 0
         self._changed = asyncio.Condition()
 
     async def reserve(self, size: int) -> None:
+        # Room now (the usual case) is taken without the condition: on one event loop nothing runs
+        # between the check and the take, and a waiter woken by a release re-checks as it would anyway.
+        if self.held + size <= self.limit:
+            self.held += size
+            return
         async with self._changed:
-            await self._changed.wait_for(lambda: self.held + size <= self.limit)
+            self._waiting += 1
+            try:
+                await self._changed.wait_for(lambda: self.held + size <= self.limit)
+            finally:
+                self._waiting -= 1
             self.held += size
 
     async def release(self, size: int) -> None:
-        async with self._changed:
-            self.held -= size
-            self._changed.notify_all()
+        self.held -= size
+        if self._waiting:
+            async with self._changed:
+                self._changed.notify_all()
 
 
 @dataclass(frozen=True)
