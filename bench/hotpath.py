@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench import FLOOR_MISSED, payloads
@@ -36,11 +36,14 @@ from bench.bench import (
     SERVER_CORE,
     WRK_SCRIPT,
     Load,
+    SaturatedRuns,
     Server,
     _free_port,
     begin,
     command_line,
+    floor_table,
     quietly,
+    saturated_header,
     wrk,
 )
 
@@ -80,28 +83,10 @@ def log_line_us(body: bytes, stderr: Path, calls: int = LOG_CALLS) -> float:
 
 
 @dataclass
-class Side:
-    label: str
-    runs: list[Load] = field(default_factory=list)
-
-    @property
-    def rps(self) -> float:
-        return statistics.median(load.rps for load in self.runs)
-
-    @property
-    def cpu_us(self) -> float:
-        return statistics.median(load.cpu_us for load in self.runs)
-
-    @property
-    def errors(self) -> int:
-        return sum(load.errors for load in self.runs)
-
-
-@dataclass
 class Results:
     log_line_us: float
-    echo: Side
-    guard: Side
+    echo: SaturatedRuns
+    guard: SaturatedRuns
     noise: float
     seconds: float
 
@@ -139,7 +124,10 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
         "gpuguard", str(Path(sys.executable).with_name("gpuguard")), "serve", "--cluster-lookups", "off"
     )
     echo = server("echo", sys.executable, "-m", "bench.echo", "--work", "decode")
-    sides = {guard.name: Side("gpuguard /mutate"), echo.name: Side("echo decoding the review")}
+    sides = {
+        guard.name: SaturatedRuns("gpuguard /mutate"),
+        echo.name: SaturatedRuns("echo decoding the review"),
+    }
     servers = [guard, echo]
     noise: list[float] = []
     try:
@@ -199,21 +187,11 @@ def report(results: Results, command: str) -> str:
         f"Servers pinned to core {SERVER_CORE}, one worker each; wrk on core 0, {SATURATION_CONNECTIONS} "
         f"connections, {GPU_POD}, HTTPS keep-alive.",
         "",
-        "| Server | req/s (median) | Runs | CPU µs per request | p50 / p99 ms | Errors |",
-        "|---|---:|---|---:|---:|---:|",
+        *saturated_header(""),
+        results.echo.row(),
+        results.guard.row(),
     ]
-    for side in (results.echo, results.guard):
-        runs = ", ".join(f"{load.rps:,.0f}" for load in side.runs)
-        median = sorted(side.runs, key=lambda load: load.rps)[len(side.runs) // 2]
-        lines.append(
-            f"| {side.label} | {side.rps:,.0f} | {runs} | {side.cpu_us:.0f} | "
-            f"{median.p50_ms:.2f} / {median.p99_ms:.2f} | {side.errors} |"
-        )
-    lines += ["", "| Floor | Measured | |", "|---|---|---|"]
-    lines += [
-        f"| {name} | {measured} | {'met' if met else '**missed**'} |"
-        for name, measured, met in floors(results)
-    ]
+    lines += ["", *floor_table(floors(results))]
     return "\n".join(lines) + "\n"
 
 
