@@ -82,8 +82,9 @@ class BodyBudget:
 
 class _Deadline:
     """What `asyncio.timeout` does for the block that reads a body, at a third of its cost (its context
-    manager was a quarter of the app's own work per request): cancels the current task when `seconds`
-    pass; the block catches the CancelledError and asks `passed()` whether it was this deadline's."""
+    manager was a sixth of the app's own instructions per request): cancels the current task when
+    `seconds` pass; the block catches the CancelledError and asks `passed()` whether it was this
+    deadline's."""
 
     __slots__ = ("_cancelling", "_expired", "_handle", "_task")
 
