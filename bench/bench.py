@@ -873,6 +873,52 @@ def floors(results: Results) -> list[tuple[str, str, bool]]:
     return checks
 
 
+@dataclass
+class SaturatedRuns:
+    """One server's saturated runs (alternating with another's): their medians, and a row of a table
+    under SATURATED_HEADER."""
+
+    label: str
+    runs: list[Load] = field(default_factory=list)
+
+    @property
+    def rps(self) -> float:
+        return statistics.median(load.rps for load in self.runs)
+
+    @property
+    def cpu_us(self) -> float:
+        return statistics.median(load.cpu_us for load in self.runs)
+
+    @property
+    def errors(self) -> int:
+        return sum(load.errors for load in self.runs)
+
+    def row(self) -> str:
+        runs = ", ".join(f"{load.rps:,.0f}" for load in self.runs)
+        median = sorted(self.runs, key=lambda load: load.rps)[len(self.runs) // 2]
+        return (
+            f"| {self.label} | {self.rps:,.0f} | {runs} | {self.cpu_us:.0f} | "
+            f"{median.p50_ms:.2f} / {median.p99_ms:.2f} | {self.errors} |"
+        )
+
+
+def saturated_header(cpu: str) -> list[str]:
+    """The header of SaturatedRuns' rows; `cpu` says whose CPU the CPU column counts."""
+    return [
+        f"| Server | req/s (median) | Runs | CPU µs per request{cpu} | p50 / p99 ms | Errors |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+
+
+def floor_table(checks: Sequence[tuple[str, str, bool]]) -> list[str]:
+    """The floors as a Markdown table: name, what was measured, met or missed."""
+    return [
+        "| Floor | Measured | |",
+        "|---|---|---|",
+        *(f"| {name} | {measured} | {'met' if met else '**missed**'} |" for name, measured, met in checks),
+    ]
+
+
 def report(results: Results, command: str) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     py = platform.python_version()
@@ -938,11 +984,8 @@ def report(results: Results, command: str) -> str:
         "",
         "Floors (one worker, this run):",
         "",
-        "| Floor | Measured | |",
-        "|---|---|---|",
+        *floor_table(floors(results)),
     ]
-    for name, measured, met in floors(results):
-        lines.append(f"| {name} | {measured} | {'met' if met else '**missed**'} |")
     return "\n".join(lines) + "\n"
 
 

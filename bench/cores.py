@@ -18,7 +18,6 @@ import functools
 import http.client
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -33,13 +32,16 @@ from bench.bench import (
     SERVER_CORE,
     WRK_SCRIPT,
     Load,
+    SaturatedRuns,
     Server,
     _free_port,
     begin,
     command_line,
+    floor_table,
     process_cpu_seconds,
     quietly,
     rss_mb,
+    saturated_header,
     wrk,
 )
 
@@ -89,23 +91,13 @@ def memory(server: Workers) -> list[Memory]:
 
 
 @dataclass
-class Setup:
-    label: str
-    workers: int
-    runs: list[Load] = field(default_factory=list)
+class Setup(SaturatedRuns):
+    workers: int = 1
     idle: list[Memory] = field(default_factory=list)
     loaded: list[Memory] = field(default_factory=list)
     counted: float = 0.0  # requests the summed /metrics counted during the runs
     answered: int = 0  # requests wrk saw answered during the runs (warm-ups and repeats included)
     wrk_runs: int = 0
-
-    @property
-    def rps(self) -> float:
-        return statistics.median(load.rps for load in self.runs)
-
-    @property
-    def cpu_us(self) -> float:
-        return statistics.median(load.cpu_us for load in self.runs)
 
 
 @dataclass
@@ -124,7 +116,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
     script = work / "gpu-pod.lua"
     script.write_text(WRK_SCRIPT.format(body=body))
     gpuguard = str(Path(sys.executable).with_name("gpuguard"))
-    setups = [Setup("one worker", 1), Setup("two workers", 2)]
+    setups = [Setup("one worker", workers=1), Setup("two workers", workers=2)]
     servers: list[Workers] = []
 
     def server(setup: Setup) -> Workers:
@@ -203,17 +195,9 @@ def report(results: Results, command: str) -> str:
         f"One worker pinned to core {SERVER_CORE}, two workers on cores 0-1; wrk on core 0, "
         f"{SATURATION_CONNECTIONS} connections, {GPU_POD}, HTTPS keep-alive.",
         "",
-        "| Server | req/s (median) | Runs | CPU µs per request, all processes | p50 / p99 ms | Errors |",
-        "|---|---:|---|---:|---:|---:|",
+        *saturated_header(", all processes"),
+        *(setup.row() for setup in results.setups),
     ]
-    for setup in results.setups:
-        runs = ", ".join(f"{load.rps:,.0f}" for load in setup.runs)
-        median = sorted(setup.runs, key=lambda load: load.rps)[len(setup.runs) // 2]
-        errors = sum(load.errors for load in setup.runs)
-        lines.append(
-            f"| {setup.label} | {setup.rps:,.0f} | {runs} | {setup.cpu_us:.0f} | "
-            f"{median.p50_ms:.2f} / {median.p99_ms:.2f} | {errors} |"
-        )
     lines += [
         "",
         "| Server | Process | RSS idle MB | PSS idle MB | RSS after load MB | PSS after load MB |",
@@ -229,11 +213,7 @@ def report(results: Results, command: str) -> str:
         lines.append(
             f"| {setup.label} | all (PSS sum) | | {sum(m.pss_mb for m in setup.idle):.1f} | | {total:.1f} |"
         )
-    lines += ["", "| Floor | Measured | |", "|---|---|---|"]
-    lines += [
-        f"| {name} | {measured} | {'met' if met else '**missed**'} |"
-        for name, measured, met in floors(results)
-    ]
+    lines += ["", *floor_table(floors(results))]
     return "\n".join(lines) + "\n"
 
 

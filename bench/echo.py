@@ -8,11 +8,12 @@ depend on how fast the machine is.
     python -m bench.echo --port 9443 --cert-dir DIR
 
 `--work` adds one piece of gpuguard's work to the bare echo, to show by hand where the saturation floor
-goes: `decode` parses the body with orjson and still answers the fixed review; `review` answers through
-`webhook.admission.review.review` (engine, differ, answer) with the embedded policy, without gpuguard's shell
-(FastAPI, metrics, the log line). `allow` is the least a webhook the API server accepts can do: it finds
-the request's uid in the body's first bytes and allows, changing nothing (`bench/run admission`'s
-scenario (e), the cost of calling any webhook at all).
+goes: `decode` parses the body with orjson and encodes an answer allowing it, with the review's
+apiVersion and uid (the least a Python webhook that reads the review does; `bench/run hotpath`'s
+reference); `review` answers through `webhook.admission.review.review` (engine, differ, answer) with the
+embedded policy, without gpuguard's shell (FastAPI, metrics, the log line). `allow` is the least a
+webhook the API server accepts can do: it finds the request's uid in the body's first bytes and allows,
+changing nothing (`bench/run admission`'s scenario (e), the cost of calling any webhook at all).
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ def working_app(work: Callable[[bytes], bytes]) -> Callable[[Scope, Receive, Sen
 
 def _decode() -> Callable[[bytes], bytes]:
     def decode(body: bytes) -> bytes:
-        orjson.loads(body)
-        return ANSWER
+        review = orjson.loads(body)
+        response = {"uid": review["request"]["uid"], "allowed": True}
+        return orjson.dumps(
+            {"apiVersion": review["apiVersion"], "kind": "AdmissionReview", "response": response}
+        )
 
     return decode
 

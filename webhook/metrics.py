@@ -55,7 +55,10 @@ class Metrics:
 
     def observe(self, endpoint: str, result: str, seconds: float, decisions: Iterable[Decision]) -> None:
         self.requests[(endpoint, result)] += 1
-        self.latency.setdefault(endpoint, Histogram()).observe(seconds)
+        histogram = self.latency.get(endpoint)
+        if histogram is None:  # not setdefault: that would build a Histogram for every request
+            histogram = self.latency[endpoint] = Histogram()
+        histogram.observe(seconds)
         for decision in decisions:
             self.decisions[(decision.rule, decision.mode, decision.outcome)] += 1
 

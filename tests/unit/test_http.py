@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -130,6 +131,33 @@ def test_mutate_gpu_pod(client: httpx.Client, policy: Policy) -> None:
     response = well_formed(reply.content)["response"]
     assert (response["uid"], response["allowed"], response["patchType"]) == ("http-1", True, "JSONPatch")
     assert_same_json(apply(obj, patch_of(response)), engine.mutate(obj, policy).obj)
+
+
+def test_each_answer_writes_one_decision_line(server: Server, client: httpx.Client) -> None:
+    reply = client.post("/mutate", content=admission_review(defaulted_gpu_pod(), uid="http-logged"))
+    assert reply.status_code == 200
+    # The line is written just after the answer is sent: wait for it, paced, within a bound.
+    deadline = time.monotonic() + 10.0
+    while '"uid":"http-logged"' not in server.log.read_text():
+        assert time.monotonic() < deadline, server.log_tail()
+        with pytest.raises(subprocess.TimeoutExpired):  # paces the polling; exiting now fails
+            server.process.wait(timeout=0.02)
+    (line,) = [json.loads(text) for text in server.log.read_text().splitlines() if "http-logged" in text]
+    assert list(line)[:5] == ["time", "level", "logger", "message", "uid"]
+    assert (line["level"], line["logger"], line["message"]) == (
+        "info",
+        "gpuguard.admission",
+        "admission allowed",
+    )
+    assert (line["endpoint"], line["kind"], line["operation"], line["allowed"], line["patched"]) == (
+        "mutate",
+        "Pod",
+        "CREATE",
+        True,
+        True,
+    )
+    assert any(decision.startswith("priority: ") for decision in line["applied"]), line
+    assert line["latencyMs"] > 0 and line["time"].endswith("+00:00")
 
 
 def test_v1beta1_in_v1beta1_out(client: httpx.Client) -> None:

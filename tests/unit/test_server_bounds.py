@@ -24,7 +24,7 @@ from webhook.admission.app import BODY_READ_SECONDS, MAX_BODY_BYTES
 from webhook.admission.server import HEADER_READ_SECONDS, MAX_CONNECTIONS, MAX_HEADER_BYTES, MAX_HEADERS
 
 from .builders import admission_review, defaulted_gpu_pod, well_formed
-from .test_http import STOP_SECONDS, Server, start_server
+from .test_http import STOP_SECONDS, Server, _read_until, start_server
 
 # How long a test waits for the server to act on a deadline of its own: generous, for a loaded machine.
 PATIENCE = max(HEADER_READ_SECONDS, BODY_READ_SECONDS) + 50.0
@@ -109,11 +109,20 @@ def test_silent_and_slow_clients_are_answered_and_closed(server: Server) -> None
     slow_body.sendall(post_head("/mutate", MAX_BODY_BYTES - 1) + body_prefix)
     trickle = connect(server)  # headers a byte at a time: the deadline runs from the first one
     trickled = b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"y" * 1000
+    # The same on a kept-alive connection, after an answered request: its deadline is the second request's.
+    again = connect(server)
+    again.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    head, _, body = _read_until(again, b"\r\n\r\n").partition(b"\r\n\r\n")
+    length = re.search(rb"(?i)content-length: (\d+)", head)
+    assert head.startswith(b"HTTP/1.1 200") and length is not None, head
+    while len(body) < int(length.group(1)):  # all of it: drip stops at the first byte it can read
+        body += again.recv(65536)
 
     started = time.monotonic()
     replies: dict[str, bytes] = {}
     readers = [
         threading.Thread(target=lambda: replies.update(trickle=drip(trickle, trickled))),
+        threading.Thread(target=lambda: replies.update(again=drip(again, trickled))),
         *(
             threading.Thread(target=lambda n=name, s=stream: replies.update({n: read_to_eof(s)}))
             for name, stream in (("silent", silent), ("partial", partial), ("slow-body", slow_body))
@@ -127,11 +136,12 @@ def test_silent_and_slow_clients_are_answered_and_closed(server: Server) -> None
 
     for name in ("silent", "partial", "trickle"):
         assert status_and_body(replies[name])[0] == 408, (name, replies[name][:200])
+    assert status_and_body(replies["again"])[0] == 408, replies["again"][:200]
     code, body = status_and_body(replies["slow-body"])
     response = well_formed(body)["response"]
     assert (code, response["uid"], response["status"]["code"]) == (200, "slow-body", 408)
     assert elapsed < PATIENCE
-    for stream in (silent, partial, trickle, slow_body):
+    for stream in (silent, partial, trickle, again, slow_body):
         stream.close()
 
 

@@ -11,10 +11,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from webhook import logs
 from webhook.admission import review
 from webhook.metrics import Metrics
 from webhook.policy.facts import NO_FACTS, ClusterFacts
@@ -56,17 +56,58 @@ class BodyBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
+        self._waiting = 0
         self._changed = asyncio.Condition()
 
     async def reserve(self, size: int) -> None:
+        # Room now (the usual case) is taken without the condition: on one event loop nothing runs
+        # between the check and the take, and a waiter woken by a release re-checks as it would anyway.
+        if self.held + size <= self.limit:
+            self.held += size
+            return
         async with self._changed:
-            await self._changed.wait_for(lambda: self.held + size <= self.limit)
+            self._waiting += 1
+            try:
+                await self._changed.wait_for(lambda: self.held + size <= self.limit)
+            finally:
+                self._waiting -= 1
             self.held += size
 
     async def release(self, size: int) -> None:
-        async with self._changed:
-            self.held -= size
-            self._changed.notify_all()
+        self.held -= size
+        if self._waiting:
+            async with self._changed:
+                self._changed.notify_all()
+
+
+class _Deadline:
+    """What `asyncio.timeout` does for the block that reads a body, at a third of its cost (its context
+    manager was a sixth of the app's own instructions per request): cancels the current task when
+    `seconds` pass; the block catches the CancelledError and asks `passed()` whether it was this
+    deadline's."""
+
+    __slots__ = ("_cancelling", "_expired", "_handle", "_task")
+
+    def __init__(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None  # an ASGI app runs in a task
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._expired = False
+        self._handle = loop.call_at(loop.time() + seconds, self._expire)
+
+    def _expire(self) -> None:
+        self._expired = True
+        self._task.cancel()
+
+    def passed(self) -> bool:
+        """Whether the CancelledError being handled is this deadline's; if so it is taken back, as
+        asyncio.timeout takes it back. A cancellation from elsewhere (the server stopping) is not."""
+        return self._expired and self._task.uncancel() <= self._cancelling
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 @dataclass(frozen=True)
@@ -150,24 +191,28 @@ class AdmissionApp:
         declared = _declared_length(scope)
         reservation = 0
         received = bytearray()
+        deadline = _Deadline(BODY_READ_SECONDS)
         try:
             try:
-                async with asyncio.timeout(BODY_READ_SECONDS):
-                    if declared is not None and declared > MAX_BODY_BYTES:
-                        # Too large by its own account: only what has arrived is read, for the uid.
-                        message = await receive()
-                        prefix = message.get("body", b"") if message["type"] == "http.request" else b""
-                        body: bytearray | Refusal | None = Refusal(
-                            f"request body exceeds {MAX_BODY_BYTES} bytes", 413, prefix
-                        )
-                    else:
-                        size = MAX_BODY_BYTES if declared is None else declared
-                        await self.budget.reserve(size)
-                        reservation = size
-                        body = await _read_body(receive, received)
-            except TimeoutError:
+                if declared is not None and declared > MAX_BODY_BYTES:
+                    # Too large by its own account: only what has arrived is read, for the uid.
+                    message = await receive()
+                    prefix = message.get("body", b"") if message["type"] == "http.request" else b""
+                    body: bytearray | Refusal | None = Refusal(
+                        f"request body exceeds {MAX_BODY_BYTES} bytes", 413, prefix
+                    )
+                else:
+                    size = MAX_BODY_BYTES if declared is None else declared
+                    await self.budget.reserve(size)
+                    reservation = size
+                    body = await _read_body(receive, received)
+            except asyncio.CancelledError:
+                if not deadline.passed():
+                    raise
                 late = f"request body not received within {BODY_READ_SECONDS:.0f} s"
                 body = Refusal(late, 408, bytes(received[: review.UID_SCAN_BYTES]))
+            finally:
+                deadline.cancel()
             if body is None:
                 return  # the client went away: nobody to answer
             if isinstance(body, Refusal):
@@ -184,5 +229,9 @@ class AdmissionApp:
         # A dry run must answer like the real request but leave no trace in the decision counters.
         decisions = () if answer.dry_run else answer.decisions
         self.state.metrics.observe(endpoint, answer.result, elapsed, decisions)
-        fields: dict[str, Any] = answer.summary | {"latencyMs": round(elapsed * 1000, 3)}
-        log.info("admission %s", answer.result, extra={"fields": fields})
+        log_decision(answer, elapsed)
+
+
+def log_decision(answer: review.Answer, seconds: float) -> None:
+    """The decision log line: one per answered review, its summary and how long answering took."""
+    logs.info(log, f"admission {answer.result}", answer.summary | {"latencyMs": round(seconds * 1000, 3)})

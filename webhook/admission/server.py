@@ -57,6 +57,11 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        # The header deadline: when reading the current request's headers began (None: not reading
+        # them), and one timer per connection that checks it. The timer is left running when headers
+        # complete and, when it fires, re-arms itself for the request being read then, if any: a timer
+        # made and cancelled for every request cost more than the bounds it keeps.
+        self._headers_since: float | None = None
         self._header_deadline: asyncio.TimerHandle | None = None
         self._reading_headers = True
         self._header_bytes = 0  # received while the current request's headers are incomplete
@@ -78,10 +83,13 @@ class GuardedProtocol(HttpToolsProtocol):
         set_limits = getattr(transport, "set_read_buffer_limits", None)
         if set_limits is not None:
             set_limits(high=TLS_READ_BUFFER_BYTES)
-        self._arm_header_deadline()
+        self._start_header_clock()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_header_deadline()
+        self._headers_since = None
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
         if not self._over_capacity:
             super().connection_lost(exc)
 
@@ -102,7 +110,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._reading_headers = True
         self._header_count = self._header_size = 0
-        self._arm_header_deadline()
+        self._start_header_clock()
 
     def on_url(self, url: bytes) -> None:
         self._count(len(url), headers=0)
@@ -113,7 +121,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._cancel_header_deadline()
+        self._headers_since = None
         self._reading_headers = False
         self._header_bytes = 0
         super().on_headers_complete()
@@ -155,19 +163,25 @@ class GuardedProtocol(HttpToolsProtocol):
         self.transport.write(head.encode() + body)
         self.transport.close()
 
-    def _arm_header_deadline(self) -> None:
+    def _start_header_clock(self) -> None:
+        # A connection's first request is timed from the connection's start, later ones from their first byte.
+        if self._headers_since is None:
+            self._headers_since = self.loop.time()
         if self._header_deadline is None:
-            self._header_deadline = self.loop.call_later(HEADER_READ_SECONDS, self._headers_timed_out)
+            self._header_deadline = self.loop.call_at(
+                self._headers_since + HEADER_READ_SECONDS, self._check_header_deadline
+            )
 
-    def _cancel_header_deadline(self) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
-
-    def _headers_timed_out(self) -> None:
+    def _check_header_deadline(self) -> None:
         self._header_deadline = None
-        if not self.transport.is_closing():
-            self._refuse(408, f"request headers not complete within {HEADER_READ_SECONDS:.0f} s")
+        since = self._headers_since
+        if since is None or self.transport.is_closing():
+            return  # no headers being read: the next request's first byte starts the clock again
+        due = since + HEADER_READ_SECONDS
+        if self.loop.time() < due:  # a later request's headers, begun after this timer was set
+            self._header_deadline = self.loop.call_at(due, self._check_header_deadline)
+            return
+        self._refuse(408, f"request headers not complete within {HEADER_READ_SECONDS:.0f} s")
 
     # --- shutdown -----------------------------------------------------------------------------------
 
