@@ -32,11 +32,13 @@ def clone(tmp_path: Path) -> Path:
     """A clone with the suite's pytest setup and one test module, and nothing beside it."""
     root = tmp_path / "gpuguard"
     (root / "tests" / "controlplane").mkdir(parents=True)
+    (root / "tests" / "unit").mkdir()
     shutil.copy(REPO_ROOT / "pyproject.toml", root)
     for name in ("gpuguard_suite.py", "shared_corpus.py"):
         shutil.copy(REPO_ROOT / "tests" / name, root / "tests")
     shutil.copy(REPO_ROOT / "tests" / "controlplane" / "go.mod", root / "tests" / "controlplane")
-    (root / "tests" / "test_sample.py").write_text(CORPUS_TESTS)
+    # In a tier's folder: pyproject.toml's testpaths name the tiers' folders, not tests/ itself.
+    (root / "tests" / "unit" / "test_sample.py").write_text(CORPUS_TESTS)
     return root
 
 
@@ -82,7 +84,7 @@ def test_an_empty_corpus_fails_rather_than_passing_on_nothing(tmp_path: Path) ->
     result = run(root)
 
     assert result.returncode == 1
-    assert "FAILED tests/test_sample.py::test_corpus_is_not_empty" in result.stdout
+    assert "FAILED tests/unit/test_sample.py::test_corpus_is_not_empty" in result.stdout
 
 
 def test_a_corpus_named_in_the_environment_is_required(tmp_path: Path) -> None:
