@@ -1,17 +1,19 @@
-"""The version lives in one place, `webhook.__version__` (pyproject.toml reads it from there and
-`gpuguard --version` prints it); the manifests and the chart that ship name the image of that version,
-so a release changes the one line, runs scripts/render-install and scripts/render-chart, and tags
-`v<version>` (CHANGELOG.md, docs/stability.md)."""
+"""What a release promises. The version lives in one place, `webhook.__version__` (pyproject.toml reads
+it from there and `gpuguard --version` prints it), and the manifests and the chart that ship name the
+image of that version: a release changes the one line and the tags, runs scripts/render-install and
+scripts/render-chart, and tags `v<version>` (CHANGELOG.md). docs/stability.md names every annotation,
+label, condition, metric and Event reason the code uses, so a new one is never public by accident."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
 from webhook import __version__
+from webhook.kube.events import Reason
 
 from .builders import REPO_ROOT
 
@@ -56,3 +58,41 @@ def test_the_chart_is_versioned_with_gpuguard() -> None:
 def test_the_changelog_has_an_entry_for_the_version() -> None:
     changelog = (REPO_ROOT / "CHANGELOG.md").read_text()
     assert re.search(rf"^## \[{re.escape(__version__)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.MULTILINE)
+
+
+# --- docs/stability.md names everything gpuguard puts on objects and exports ------------------------
+
+STABILITY = REPO_ROOT / "docs" / "stability.md"
+PACKAGE = REPO_ROOT / "webhook"
+
+
+def _named_in_stability() -> set[str]:
+    return set(re.findall(r"`([^`]+)`", STABILITY.read_text()))
+
+
+def _in_the_package(pattern: str) -> set[str]:
+    """Every match of `pattern` in the package's source and its default policy."""
+    sources = [*PACKAGE.rglob("*.py"), PACKAGE / "default-policy.yaml"]
+    return {match for path in sources for match in re.findall(pattern, path.read_text())}
+
+
+def test_stability_names_every_annotation_label_and_taint() -> None:
+    keys = _in_the_package(r"gpuguard\.io/[A-Za-z0-9._-]*[A-Za-z0-9]")
+    assert keys, "the pattern found nothing"
+    assert keys - _named_in_stability() == set()
+
+
+def test_stability_names_every_condition_type() -> None:
+    conditions = _in_the_package(r"\"(GPUGuard[A-Za-z]+)\"")
+    assert conditions == {"GPUGuardDeviceHealthy", "GPUGuardDevicesAllocatable"}
+    assert conditions - _named_in_stability() == set()
+
+
+def test_stability_names_every_metric() -> None:
+    metrics = _in_the_package(r"\bgpuguard_[a-z_]+[a-z]")
+    assert len(metrics) > 20, metrics
+    assert metrics - _named_in_stability() == set()
+
+
+def test_stability_names_every_event_reason() -> None:
+    assert set(get_args(Reason)) - _named_in_stability() == set()
