@@ -53,7 +53,8 @@ GROWTH_SIZES = (1, 10, 100, 1024)  # KiB
 OVERRIDES = 1_000
 
 # The floors for one worker (bench/README.md).
-# Issue 13, part 2: the engine in-process, and what serving it adds over a bare echo of the same body.
+# What serving costs over the engine (docs/design/2026-12-02-performance-floors.md): the engine
+# in-process, and what serving it adds over a bare echo of the same body.
 FLOOR_REVIEW_US = 100.0
 FLOOR_SERVE_OVER_PARTS = 1.5
 REVIEW_CALLS = 2_000

@@ -1,4 +1,4 @@
-"""Part 4 of the bench: gpuguard's caches at fleet scale, against the real kube-apiserver of the tests.
+"""The fleet bench: gpuguard's caches at fleet scale, against the real kube-apiserver of the tests.
 
 A fleet of realistic GPU Nodes (40 labels, 40 images, conditions; about 11 KB each as the API server
 serves them) is created in the control plane of tests/e2e (etcd + kube-apiserver), then
@@ -56,7 +56,7 @@ CREATE_THREADS = 8
 READY_TIMEOUT_S = 180.0
 RELABELLED = 5  # nodes relabelled as accelerator nodes, one after the other
 
-# The floors of issue 13, part 4.
+# The floors of caches at fleet scale (docs/design/2026-12-02-performance-floors.md).
 FLOOR_READY_S = 5.0
 FLOOR_RSS_MB = 120.0
 FLOOR_LARGE_RSS_MB = 200.0

@@ -1,4 +1,5 @@
-"""The admission hot path costs what the rules read, not what the API server sends (issue 6).
+"""The admission hot path costs what the rules read, not what the API server sends
+(docs/design/2026-12-02-performance-floors.md).
 
 A real pod arrives as ~10 KB: managedFields, env, volumes, defaulted fields. /mutate cuts the object
 down to `review.RULE_FIELDS` before the engine copies it and the differ walks it, so a request padded
