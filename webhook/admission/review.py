@@ -3,8 +3,9 @@
 Whatever arrives, the answer is a well-formed AdmissionReview echoing the request's uid wherever it
 can be read (from the body's first bytes when the body is not JSON gpuguard can parse): a malformed
 review is answered 400, an internal error fails open (allowed, with a warning), because a bug in
-gpuguard must never block a cluster's pod creation. Nothing taken from the body is repr'd or logged
-as it came: a value nested a thousand deep must not turn an answer into a crash or lose its log line.
+gpuguard must never block a cluster's pod creation (docs/design/2026-12-02-fail-open-admission.md).
+Nothing taken from the body is repr'd or logged as it came: a value nested a thousand deep must not
+turn an answer into a crash or lose its log line.
 """
 
 from __future__ import annotations

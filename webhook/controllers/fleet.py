@@ -528,7 +528,8 @@ class Breaker:
     was deleted or was replaced since. Once open it stays open (it latches) until an operator closes it
     in the ConfigMap (`gpuguard nodes reset-breaker`); what became due before the close never counts
     again. While no disruptive action is enforced (audit, warn) a trip is only said: it holds nothing
-    and writes nothing, and it is decided again once a policy enforces."""
+    and writes nothing, and it is decided again once a policy enforces. Why it latches:
+    docs/design/2026-12-04-latching-breaker.md."""
 
     def __init__(self, store: StateStore, clock: Callable[[], datetime.datetime]) -> None:
         self.store = store

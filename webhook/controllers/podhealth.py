@@ -4,7 +4,8 @@ Evicting (never deleting) is what makes a failed device cost a Job nothing: the 
 pod's PodDisruptionBudget, adds `DisruptionTarget` (EvictionByEvictionAPI) before the pod terminates,
 and the Job's `DisruptionTarget -> Ignore` rule (gpuguard's webhook injects it) then retries the pod
 without counting it against `backoffLimit`. A refused eviction (429) is retried with backoff and
-reported stuck after `health.eviction.timeoutSeconds`; it is never turned into a delete.
+reported stuck after `health.eviction.timeoutSeconds`; it is never turned into a delete
+(docs/design/2026-12-04-eviction-api-only.md).
 
 Pods are evicted for an accelerator device they hold that is Unhealthy (or Unknown for long enough,
 after it was reported Healthy or Unhealthy: `fleet.DeviceReports`), or because their node is drained.

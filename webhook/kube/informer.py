@@ -18,7 +18,8 @@ any writer of one object must not be able to keep every cache from syncing. Skip
 object keeps its last converted value; skipped on its deletion, it stays until the next list.
 
 Nothing here runs on a request path, and nothing here imports the Kubernetes client: the list and the
-watch come through `ListWatch`, which `webhook.kube.client` implements for the real API server.
+watch come through `ListWatch`, which `webhook.kube.client` implements for the real API server. Why not
+the client's own informer: docs/design/2026-12-03-own-informer.md.
 """
 
 from __future__ import annotations

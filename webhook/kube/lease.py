@@ -18,7 +18,8 @@ goes: the Lease must have been renewed within the renew deadline by this replica
 which leaves the write `lease duration - renew deadline` to land before any standby may take over.
 
 The pinned client's own `kubernetes.leaderelection` is not used: it reaches for the global default
-ApiClient, `sys.exit`s on bad values and sleeps without a stop.
+ApiClient, `sys.exit`s on bad values and sleeps without a stop
+(docs/design/2026-12-04-own-lease-elector.md).
 """
 
 from __future__ import annotations
