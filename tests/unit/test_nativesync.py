@@ -1,0 +1,162 @@
+"""`admission.mode` and what the controllers' leader keeps for it: the objects each mode wants and the
+writes from what gpuguard owns to them (pure; the writes on a real API server are tests/e2e/test_hybrid.py's)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from webhook.policy.model import PolicyError, default_policy, parse_policy
+from webhook.policy.native import MANAGED_BY, compile_policy
+from webhook.policy.nativesync import (
+    HASH_ANNOTATION,
+    OWNER,
+    OWNER_LABEL,
+    Owned,
+    owned,
+    plan,
+    wanted,
+)
+from webhook.policy.workload import JSON
+
+from .builders import make_policy
+
+
+def _stored(obj: JSON, resource_version: str = "1") -> JSON:
+    """`obj` as the API server lists it: defaults filled in, a resourceVersion."""
+    stored = copy.deepcopy(obj)
+    stored["metadata"]["resourceVersion"] = resource_version
+    stored["metadata"]["uid"] = "u-" + obj["metadata"]["name"]
+    stored["spec"].setdefault("matchPolicy", "Equivalent")
+    return stored
+
+
+def _have(objects: list[JSON]) -> list[Owned]:
+    found = [owned(_stored(obj)) for obj in objects]
+    return [o for o in found if o is not None]
+
+
+def test_the_default_policy_runs_admission_in_the_webhook_and_the_mode_is_validated() -> None:
+    assert default_policy().admission.mode == "webhook"
+    for mode in ("webhook", "native", "hybrid"):
+        assert make_policy({"admission": {"mode": mode}}).admission.mode == mode
+    with pytest.raises(PolicyError, match=r"admission\.mode"):
+        parse_policy("admission: {mode: both}")
+    with pytest.raises(PolicyError, match="admission"):
+        parse_policy("admission: {mod: hybrid}")
+
+
+def test_the_mode_changes_the_policy_hash_and_nothing_the_webhook_decides() -> None:
+    webhook, hybrid = make_policy({}), make_policy({"admission": {"mode": "hybrid"}})
+    assert webhook.hash != hybrid.hash
+    assert webhook.rules == hybrid.rules and webhook.namespaces == hybrid.namespaces
+
+
+def test_webhook_mode_wants_nothing_and_hybrid_and_native_want_every_compiled_object_marked_as_owned() -> (
+    None
+):
+    assert wanted(make_policy({})) == []
+    for mode in ("hybrid", "native"):
+        policy = make_policy({"admission": {"mode": mode}})
+        objects = wanted(policy)
+        compiled = compile_policy(policy).objects
+        assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+            (o["kind"], o["metadata"]["name"]) for o in compiled
+        ]
+        for obj, plain in zip(objects, compiled, strict=True):
+            assert obj["metadata"]["labels"] == {**MANAGED_BY, OWNER_LABEL: OWNER}
+            assert obj["spec"] == plain["spec"]
+            assert OWNER_LABEL not in plain["metadata"]["labels"]  # compile's own output is not marked
+
+
+def test_the_kill_switch_wants_no_native_object_in_any_mode() -> None:
+    assert wanted(make_policy({"enabled": False, "admission": {"mode": "hybrid"}})) == []
+
+
+def test_a_policy_that_does_not_compile_raises_for_the_caller_to_keep_what_it_has() -> None:
+    def broken(_: object) -> object:
+        raise ValueError("no CEL for this")
+
+    with pytest.raises(ValueError, match="no CEL"):
+        wanted(make_policy({"admission": {"mode": "hybrid"}}), broken)  # type: ignore[arg-type]
+
+
+def test_the_hash_names_what_the_policy_says_and_changes_with_it() -> None:
+    first = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    again = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    changed = wanted(
+        make_policy(
+            {"admission": {"mode": "hybrid"}, "rules": {"gracefulTermination": {"marginSeconds": 25}}}
+        )
+    )
+    hashes = [
+        {o["metadata"]["name"]: o["metadata"]["annotations"][HASH_ANNOTATION] for o in objs}
+        for objs in (first, again, changed)
+    ]
+    assert hashes[0] == hashes[1]
+    assert hashes[0]["gpuguard-graceful-termination"] != hashes[2]["gpuguard-graceful-termination"]
+
+
+def test_from_nothing_every_object_is_created_policies_before_bindings() -> None:
+    want = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    writes = plan(want, [])
+    assert [w.verb for w in writes] == ["create"] * len(want)
+    kinds = [w.kind for w in writes]
+    last_policy = max(i for i, k in enumerate(kinds) if not k.endswith("Binding"))
+    first_binding = min(i for i, k in enumerate(kinds) if k.endswith("Binding"))
+    assert last_policy < first_binding
+    assert {w.name for w in writes} == {o["metadata"]["name"] for o in want}
+
+
+def test_what_the_cluster_holds_already_gets_no_write_though_the_server_filled_in_defaults() -> None:
+    want = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    assert plan(want, _have(want)) == []
+
+
+def test_a_policy_change_updates_what_changed_at_the_version_read_and_deletes_what_is_no_longer_wanted() -> (
+    None
+):
+    before = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    # gracefulTermination changes; priority goes off everywhere (its MAP and binding go).
+    after = wanted(
+        make_policy(
+            {
+                "admission": {"mode": "hybrid"},
+                "rules": {"gracefulTermination": {"marginSeconds": 25}, "priority": {"mode": "off"}},
+            }
+        )
+    )
+    writes = plan(after, _have(before))
+    updates = {w.name: w for w in writes if w.verb == "update"}
+    assert "gpuguard-graceful-termination" in updates
+    update = updates["gpuguard-graceful-termination"]
+    assert update.resource_version == "1" and update.body is not None
+    assert update.body["metadata"]["resourceVersion"] == "1"
+    deletes = [(w.kind, w.name) for w in writes if w.verb == "delete"]
+    assert deletes == [
+        ("MutatingAdmissionPolicyBinding", "gpuguard-priority-0"),
+        ("MutatingAdmissionPolicy", "gpuguard-priority"),
+    ]
+    assert all(w.resource_version == "1" for w in writes if w.verb == "delete")
+    assert not [w for w in writes if w.verb == "create"]
+
+
+def test_switching_back_to_webhook_deletes_every_owned_object_bindings_first() -> None:
+    before = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    writes = plan(wanted(make_policy({})), _have(before))
+    assert {w.verb for w in writes} == {"delete"}
+    assert len(writes) == len(before)
+    kinds = [w.kind for w in writes]
+    assert max(i for i, k in enumerate(kinds) if k.endswith("Binding")) < min(
+        i for i, k in enumerate(kinds) if not k.endswith("Binding")
+    )
+
+
+def test_objects_without_the_owner_label_are_never_taken_for_gpuguards() -> None:
+    # What `gpuguard policy compile | kubectl apply` leaves: managed-by gpuguard, but the operator's.
+    applied_by_hand = _stored(compile_policy(make_policy({})).objects[0])
+    assert owned(applied_by_hand) is None
+    assert owned({"kind": "ConfigMap", "metadata": {"labels": {OWNER_LABEL: OWNER}}}) is None
+    mine = owned(_stored(wanted(make_policy({"admission": {"mode": "native"}}))[0], "42"))
+    assert mine is not None and mine.resource_version == "42" and mine.hash
