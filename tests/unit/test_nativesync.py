@@ -4,15 +4,22 @@ writes from what gpuguard owns to them (pure; the writes on a real API server ar
 from __future__ import annotations
 
 import copy
+import threading
+from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient
 
-from webhook.policy.model import PolicyError, default_policy, parse_policy
-from webhook.policy.native import MANAGED_BY, compile_policy
+from webhook.controllers.nativesync import KEY, NativePolicies, owned_informers
+from webhook.kube.controller import TerminalError
+from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
+from webhook.policy.model import Policy, PolicyError, default_policy, parse_policy
+from webhook.policy.native import MANAGED_BY, Compiled, compile_policy
 from webhook.policy.nativesync import (
     HASH_ANNOTATION,
     OWNER,
     OWNER_LABEL,
+    RESOURCES,
     Owned,
     owned,
     plan,
@@ -21,6 +28,7 @@ from webhook.policy.nativesync import (
 from webhook.policy.workload import JSON
 
 from .builders import make_policy
+from .wired import Listed, registry
 
 
 def _stored(obj: JSON, resource_version: str = "1") -> JSON:
@@ -160,3 +168,92 @@ def test_objects_without_the_owner_label_are_never_taken_for_gpuguards() -> None
     assert owned({"kind": "ConfigMap", "metadata": {"labels": {OWNER_LABEL: OWNER}}}) is None
     mine = owned(_stored(wanted(make_policy({"admission": {"mode": "native"}}))[0], "42"))
     assert mine is not None and mine.resource_version == "42" and mine.hash
+
+
+# --- the leader's controller over real informers, its writes recorded -------------------------------
+
+
+class RecordedNativeWrites:
+    def __init__(self, refuse: str = "") -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.refuse = refuse
+
+    def create(self, resource: str, body: dict[str, Any]) -> None:
+        if body["metadata"]["name"] == self.refuse:
+            raise InvalidObjectError(f"{self.refuse}: spec.variables[0].expression: compilation failed")
+        self.calls.append(("create", resource, body["metadata"]["name"]))
+
+    def replace(self, resource: str, name: str, body: dict[str, Any]) -> None:
+        self.calls.append(("update", resource, name))
+
+    def delete(self, resource: str, name: str, resource_version: str) -> None:
+        self.calls.append(("delete", resource, name))
+
+
+def _controller(
+    policy: Policy, stored: list[JSON], writes: RecordedNativeWrites, **options: Any
+) -> NativePolicies:
+    def listed(resource: str) -> Listed:
+        return Listed(*(o for o in stored if RESOURCES[o["kind"]] == resource))
+
+    informers = owned_informers(listed, threading.Event())
+    for informer in informers:
+        assert informer.sync()
+    return NativePolicies(
+        owned=informers,
+        policy=lambda: policy,
+        writes=writes,
+        registry=registry(),
+        stop=threading.Event(),
+        **options,
+    )
+
+
+def test_the_leader_creates_what_hybrid_wants_and_then_has_nothing_left_to_write() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    writes = RecordedNativeWrites()
+    _controller(policy, [], writes).reconcile(KEY)
+    want = wanted(policy)
+    assert [(verb, name) for verb, _, name in writes.calls] == [(w.verb, w.name) for w in plan(want, [])]
+    again = RecordedNativeWrites()
+    _controller(policy, [_stored(o) for o in want], again).reconcile(KEY)
+    assert again.calls == []
+
+
+def test_the_leader_deletes_only_its_own_objects_when_the_mode_goes_back_to_webhook() -> None:
+    mine = [_stored(o) for o in wanted(make_policy({"admission": {"mode": "hybrid"}}))]
+    by_hand = [_stored(o) for o in compile_policy(make_policy({})).objects]  # same names, not labelled
+    writes = RecordedNativeWrites()
+    _controller(make_policy({}), mine + by_hand, writes).reconcile(KEY)
+    assert {verb for verb, _, _ in writes.calls} == {"delete"}
+    assert len(writes.calls) == len(mine)
+
+
+def test_a_policy_that_does_not_compile_keeps_the_objects_in_place() -> None:
+    mine = [_stored(o) for o in wanted(make_policy({"admission": {"mode": "hybrid"}}))]
+
+    def broken(_: Policy) -> Compiled:
+        raise ValueError("unbalanced braces")
+
+    writes = RecordedNativeWrites()
+    changed = make_policy(
+        {"admission": {"mode": "hybrid"}, "rules": {"gracefulTermination": {"marginSeconds": 25}}}
+    )
+    _controller(changed, mine, writes, compile=broken).reconcile(KEY)
+    assert writes.calls == []
+
+
+def test_an_object_the_api_server_refuses_is_reported_and_the_others_are_still_written() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    writes = RecordedNativeWrites(refuse="gpuguard-graceful-termination")
+    with pytest.raises(TerminalError, match="gpuguard-graceful-termination"):
+        _controller(policy, [], writes).reconcile(KEY)
+    assert len(writes.calls) == len(wanted(policy)) - 1
+
+
+def test_a_replica_that_may_not_lead_sends_no_write() -> None:
+    writer = NativePolicyWriter(ApiClient(), Fence(lambda: 0.0))
+    with pytest.raises(NotLeaderError):
+        writer.create("validatingadmissionpolicies", {"metadata": {"name": "gpuguard-x"}})
+    with pytest.raises(NotLeaderError):
+        writer.delete("validatingadmissionpolicies", "gpuguard-x", "1")
