@@ -526,6 +526,7 @@ class ControllersProcess:
         *,
         identity: str,
         policy_configmap: str | None = None,
+        lease_args: tuple[str, ...] = LEASE_ARGS,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
@@ -548,7 +549,7 @@ class ControllersProcess:
             f"--namespace={NAMESPACE}",
             source,
             f"--identity={identity}",
-            *LEASE_ARGS,
+            *lease_args,
         ]
         self._process: Process | None = None
 

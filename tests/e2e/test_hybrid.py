@@ -32,7 +32,7 @@ from webhook_harness import create_namespace, default_priority_classes, install_
 from webhook.controllers import series
 from webhook.controllers.nativesync import NAME
 from webhook.policy.model import CONFIGMAP_KEY, parse_policy
-from webhook.policy.nativesync import HASH_ANNOTATION, OWNER, OWNER_LABEL, wanted
+from webhook.policy.nativesync import HASH_ANNOTATION, OWNER, OWNER_LABEL, namespace_owner, wanted
 
 POLICY_CONFIGMAP = "gpuguard-policy"  # the one name the controllers' Role lets them read
 LEASE = "gpuguard-controllers"
@@ -75,6 +75,11 @@ def start(cluster: ControlPlane, kubeconfig: Path, tmp_path: Path) -> Iterator[S
             {},
             identity=identity,
             policy_configmap=f"{NAMESPACE}/{POLICY_CONFIGMAP}",
+            # The Lease's defaults: no test here times a failover, and a write may take what is left
+            # of a 15 s lease (up to 10 s). Creating the trusted-device-software VAP (57 KB of CEL for
+            # the API server to check) took 1.9 s on a quiet control plane here, more than the 4 s
+            # lease of the failover tests leaves a write under load.
+            lease_args=(),
         )
         started.append(process)
         process.start()
@@ -112,10 +117,11 @@ def hashes(objects: Objects) -> dict[tuple[str, str], str]:
     return {key: obj["metadata"]["annotations"][HASH_ANNOTATION] for key, obj in objects.items()}
 
 
-def wanted_hashes(policy: dict[str, Any]) -> dict[tuple[str, str], str]:
+def wanted_hashes(plane: ControlPlane, policy: dict[str, Any]) -> dict[tuple[str, str], str]:
+    uid = plane.kubectl_json("get", "namespace", NAMESPACE)["metadata"]["uid"]
     return {
         (o["kind"], o["metadata"]["name"]): o["metadata"]["annotations"][HASH_ANNOTATION]
-        for o in wanted(parse_policy(yaml.safe_dump(policy)))
+        for o in wanted(parse_policy(yaml.safe_dump(policy)), namespace_owner(NAMESPACE, uid))
     }
 
 
@@ -165,7 +171,7 @@ def test_the_leader_keeps_the_native_policies_in_step_with_the_live_policy_confi
     # hybrid: every compiled object, and the API server applies them.
     set_policy(cluster, yaml.safe_dump(HYBRID))
     eventually(
-        lambda: hashes(owned(cluster)) == wanted_hashes(HYBRID),
+        lambda: hashes(owned(cluster)) == wanted_hashes(cluster, HYBRID),
         what="the compiled objects created",
         processes=[leader],
     )
@@ -173,11 +179,17 @@ def test_the_leader_keeps_the_native_policies_in_step_with_the_live_policy_confi
     wait_until_in_force(cluster, namespace)
     created = owned(cluster)
     assert leader.status()["nativePolicies"]["MutatingAdmissionPolicy"] >= 1
+    # Owned by gpuguard's Namespace: uninstalling it lets the garbage collector take them.
+    own_namespace = cluster.kubectl_json("get", "namespace", NAMESPACE)["metadata"]
+    for obj in created.values():
+        assert [(r["kind"], r["name"], r["uid"]) for r in obj["metadata"]["ownerReferences"]] == [
+            ("Namespace", NAMESPACE, own_namespace["uid"])
+        ]
 
     # A policy change: what changed is updated, what is no longer wanted deleted, the rest left alone.
     set_policy(cluster, yaml.safe_dump(CHANGED))
     eventually(
-        lambda: hashes(owned(cluster)) == wanted_hashes(CHANGED),
+        lambda: hashes(owned(cluster)) == wanted_hashes(cluster, CHANGED),
         what="the objects updated to the changed policy",
         processes=[leader],
     )
@@ -188,7 +200,11 @@ def test_the_leader_keeps_the_native_policies_in_step_with_the_live_policy_confi
     assert (
         changed[graceful]["metadata"]["resourceVersion"] != created[graceful]["metadata"]["resourceVersion"]
     )
-    unchanged = {k for k in changed if k in created and wanted_hashes(CHANGED)[k] == wanted_hashes(HYBRID)[k]}
+    unchanged = {
+        k
+        for k in changed
+        if k in created and wanted_hashes(cluster, CHANGED)[k] == wanted_hashes(cluster, HYBRID)[k]
+    }
     assert unchanged, "some object is the same under both policies"
     assert {k: versions(changed)[k] for k in unchanged} == {k: versions(created)[k] for k in unchanged}
 
@@ -242,7 +258,7 @@ def test_a_replica_without_the_lease_writes_nothing_until_it_leads(
     cluster.kubectl("delete", "lease", LEASE, "-n", NAMESPACE)
     standby.wait_leading()
     eventually(
-        lambda: hashes(owned(cluster)) == wanted_hashes(HYBRID),
+        lambda: hashes(owned(cluster)) == wanted_hashes(cluster, HYBRID),
         what="the new leader creating the objects",
         processes=[standby],
     )

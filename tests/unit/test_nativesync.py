@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from webhook.policy.nativesync import (
     OWNER_LABEL,
     RESOURCES,
     Owned,
+    namespace_owner,
     owned,
     plan,
     wanted,
@@ -29,6 +31,12 @@ from webhook.policy.workload import JSON
 
 from .builders import make_policy
 from .wired import Listed, registry
+
+NAMESPACE = namespace_owner("gpuguard", "6c1f0e4e-uid")
+
+
+def _wanted(policy: Policy, compile: Callable[[Policy], Compiled] = compile_policy) -> list[JSON]:
+    return wanted(policy, NAMESPACE, compile)
 
 
 def _stored(obj: JSON, resource_version: str = "1") -> JSON:
@@ -64,22 +72,26 @@ def test_the_mode_changes_the_policy_hash_and_nothing_the_webhook_decides() -> N
 def test_webhook_mode_wants_nothing_and_hybrid_and_native_want_every_compiled_object_marked_as_owned() -> (
     None
 ):
-    assert wanted(make_policy({})) == []
+    assert _wanted(make_policy({})) == []
     for mode in ("hybrid", "native"):
         policy = make_policy({"admission": {"mode": mode}})
-        objects = wanted(policy)
+        objects = _wanted(policy)
         compiled = compile_policy(policy).objects
         assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
             (o["kind"], o["metadata"]["name"]) for o in compiled
         ]
         for obj, plain in zip(objects, compiled, strict=True):
             assert obj["metadata"]["labels"] == {**MANAGED_BY, OWNER_LABEL: OWNER}
+            # Uninstalling (the Namespace deleted) takes them too, through the garbage collector.
+            assert obj["metadata"]["ownerReferences"] == [
+                {"apiVersion": "v1", "kind": "Namespace", "name": "gpuguard", "uid": "6c1f0e4e-uid"}
+            ]
             assert obj["spec"] == plain["spec"]
             assert OWNER_LABEL not in plain["metadata"]["labels"]  # compile's own output is not marked
 
 
 def test_the_kill_switch_wants_no_native_object_in_any_mode() -> None:
-    assert wanted(make_policy({"enabled": False, "admission": {"mode": "hybrid"}})) == []
+    assert _wanted(make_policy({"enabled": False, "admission": {"mode": "hybrid"}})) == []
 
 
 def test_a_policy_that_does_not_compile_raises_for_the_caller_to_keep_what_it_has() -> None:
@@ -87,13 +99,13 @@ def test_a_policy_that_does_not_compile_raises_for_the_caller_to_keep_what_it_ha
         raise ValueError("no CEL for this")
 
     with pytest.raises(ValueError, match="no CEL"):
-        wanted(make_policy({"admission": {"mode": "hybrid"}}), broken)  # type: ignore[arg-type]
+        _wanted(make_policy({"admission": {"mode": "hybrid"}}), broken)  # type: ignore[arg-type]
 
 
 def test_the_hash_names_what_the_policy_says_and_changes_with_it() -> None:
-    first = wanted(make_policy({"admission": {"mode": "hybrid"}}))
-    again = wanted(make_policy({"admission": {"mode": "hybrid"}}))
-    changed = wanted(
+    first = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    again = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    changed = _wanted(
         make_policy(
             {"admission": {"mode": "hybrid"}, "rules": {"gracefulTermination": {"marginSeconds": 25}}}
         )
@@ -106,8 +118,15 @@ def test_the_hash_names_what_the_policy_says_and_changes_with_it() -> None:
     assert hashes[0]["gpuguard-graceful-termination"] != hashes[2]["gpuguard-graceful-termination"]
 
 
+def test_a_namespace_made_again_gets_every_object_owned_by_the_new_one() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    before = _wanted(policy)
+    after = wanted(policy, namespace_owner("gpuguard", "another-uid"))
+    assert [w.verb for w in plan(after, _have(before))] == ["update"] * len(before)
+
+
 def test_from_nothing_every_object_is_created_policies_before_bindings() -> None:
-    want = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    want = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
     writes = plan(want, [])
     assert [w.verb for w in writes] == ["create"] * len(want)
     kinds = [w.kind for w in writes]
@@ -118,16 +137,16 @@ def test_from_nothing_every_object_is_created_policies_before_bindings() -> None
 
 
 def test_what_the_cluster_holds_already_gets_no_write_though_the_server_filled_in_defaults() -> None:
-    want = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    want = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
     assert plan(want, _have(want)) == []
 
 
 def test_a_policy_change_updates_what_changed_at_the_version_read_and_deletes_what_is_no_longer_wanted() -> (
     None
 ):
-    before = wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    before = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
     # gracefulTermination changes; priority goes off everywhere (its MAP and binding go).
-    after = wanted(
+    after = _wanted(
         make_policy(
             {
                 "admission": {"mode": "hybrid"},
@@ -151,8 +170,8 @@ def test_a_policy_change_updates_what_changed_at_the_version_read_and_deletes_wh
 
 
 def test_switching_back_to_webhook_deletes_every_owned_object_bindings_first() -> None:
-    before = wanted(make_policy({"admission": {"mode": "hybrid"}}))
-    writes = plan(wanted(make_policy({})), _have(before))
+    before = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    writes = plan(_wanted(make_policy({})), _have(before))
     assert {w.verb for w in writes} == {"delete"}
     assert len(writes) == len(before)
     kinds = [w.kind for w in writes]
@@ -166,7 +185,7 @@ def test_objects_without_the_owner_label_are_never_taken_for_gpuguards() -> None
     applied_by_hand = _stored(compile_policy(make_policy({})).objects[0])
     assert owned(applied_by_hand) is None
     assert owned({"kind": "ConfigMap", "metadata": {"labels": {OWNER_LABEL: OWNER}}}) is None
-    mine = owned(_stored(wanted(make_policy({"admission": {"mode": "native"}}))[0], "42"))
+    mine = owned(_stored(_wanted(make_policy({"admission": {"mode": "native"}}))[0], "42"))
     assert mine is not None and mine.resource_version == "42" and mine.hash
 
 
@@ -203,6 +222,7 @@ def _controller(
         owned=informers,
         policy=lambda: policy,
         writes=writes,
+        owner=lambda: NAMESPACE,
         registry=registry(),
         stop=threading.Event(),
         **options,
@@ -213,7 +233,7 @@ def test_the_leader_creates_what_hybrid_wants_and_then_has_nothing_left_to_write
     policy = make_policy({"admission": {"mode": "hybrid"}})
     writes = RecordedNativeWrites()
     _controller(policy, [], writes).reconcile(KEY)
-    want = wanted(policy)
+    want = _wanted(policy)
     assert [(verb, name) for verb, _, name in writes.calls] == [(w.verb, w.name) for w in plan(want, [])]
     again = RecordedNativeWrites()
     _controller(policy, [_stored(o) for o in want], again).reconcile(KEY)
@@ -221,7 +241,7 @@ def test_the_leader_creates_what_hybrid_wants_and_then_has_nothing_left_to_write
 
 
 def test_the_leader_deletes_only_its_own_objects_when_the_mode_goes_back_to_webhook() -> None:
-    mine = [_stored(o) for o in wanted(make_policy({"admission": {"mode": "hybrid"}}))]
+    mine = [_stored(o) for o in _wanted(make_policy({"admission": {"mode": "hybrid"}}))]
     by_hand = [_stored(o) for o in compile_policy(make_policy({})).objects]  # same names, not labelled
     writes = RecordedNativeWrites()
     _controller(make_policy({}), mine + by_hand, writes).reconcile(KEY)
@@ -230,7 +250,7 @@ def test_the_leader_deletes_only_its_own_objects_when_the_mode_goes_back_to_webh
 
 
 def test_a_policy_that_does_not_compile_keeps_the_objects_in_place() -> None:
-    mine = [_stored(o) for o in wanted(make_policy({"admission": {"mode": "hybrid"}}))]
+    mine = [_stored(o) for o in _wanted(make_policy({"admission": {"mode": "hybrid"}}))]
 
     def broken(_: Policy) -> Compiled:
         raise ValueError("unbalanced braces")
@@ -248,7 +268,7 @@ def test_an_object_the_api_server_refuses_is_reported_and_the_others_are_still_w
     writes = RecordedNativeWrites(refuse="gpuguard-graceful-termination")
     with pytest.raises(TerminalError, match="gpuguard-graceful-termination"):
         _controller(policy, [], writes).reconcile(KEY)
-    assert len(writes.calls) == len(wanted(policy)) - 1
+    assert len(writes.calls) == len(_wanted(policy)) - 1
 
 
 def test_a_replica_that_may_not_lead_sends_no_write() -> None:

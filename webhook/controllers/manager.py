@@ -186,6 +186,7 @@ class ControllerManager:
             owned=self.own_native,
             policy=lambda: self.store.policy,
             writes=remediation.NativePolicyWriter(api, fence),
+            owner=remediation.NamespaceOwner(api, options.namespace),
             registry=self.registry,
             stop=stop,
         )

@@ -28,6 +28,7 @@ from webhook.policy import nativesync
 from webhook.policy.model import Policy
 from webhook.policy.native import Compiled, compile_policy
 from webhook.policy.nativesync import RESOURCES, Owned, Write
+from webhook.policy.workload import JSON
 
 NAME = "native-policies"
 KEY = "native-policies"  # the one key: every object is decided together
@@ -55,6 +56,7 @@ class NativePolicies:
         owned: Sequence[Informer[Owned]],
         policy: Callable[[], Policy],
         writes: NativeWrites,
+        owner: Callable[[], JSON],
         registry: Registry,
         stop: threading.Event,
         compile: Callable[[Policy], Compiled] = compile_policy,
@@ -62,6 +64,7 @@ class NativePolicies:
         self.owned = owned
         self.policy = policy
         self.writes = writes
+        self.owner = owner
         self.registry = registry
         self.compile = compile
         self.controller: Controller[str] = Controller(NAME, self.reconcile, stop=stop, observe=self._observed)
@@ -80,8 +83,9 @@ class NativePolicies:
 
     def reconcile(self, key: str) -> Result:
         policy = self.policy()
+        owner = self.owner() if policy.admission.mode != "webhook" else {}
         try:
-            want = nativesync.wanted(policy, self.compile)
+            want = nativesync.wanted(policy, owner, self.compile)
         except Exception as exc:  # whatever compiling raised: the objects in place stay
             log.warning(
                 "policy %s does not compile into native admission policies; the last good ones stay: %s",

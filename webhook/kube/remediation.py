@@ -207,6 +207,24 @@ class NativePolicyWriter:
             raise
 
 
+class NamespaceOwner:
+    """The ownerReference to the controllers' Namespace, read once (a Namespace's uid never changes)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self._reference: dict[str, Any] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        if self._reference is None:
+            response = self.core.read_namespace(
+                self.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+            uid = str(raw_json(response)["metadata"]["uid"])
+            self._reference = nativesync.namespace_owner(self.namespace, uid)
+        return self._reference
+
+
 def _send(
     api: client.ApiClient, fence: Fence, method: str, path: str, body: dict[str, Any], content_type: str
 ) -> None:

@@ -65,21 +65,36 @@ def _hash(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def owned_object(obj: JSON) -> JSON:
-    """`obj` (a compiled object) marked as gpuguard's, with the hash of what it says."""
+def owned_object(obj: JSON, owner: JSON) -> JSON:
+    """`obj` (a compiled object) marked as gpuguard's, owned by `owner` (an ownerReference), with the
+    hash of what it says."""
     metadata = obj["metadata"]
-    marked = {**obj, "metadata": {**metadata, "labels": {**metadata.get("labels", {}), OWNER_LABEL: OWNER}}}
+    marked = {
+        **obj,
+        "metadata": {
+            **metadata,
+            "labels": {**metadata.get("labels", {}), OWNER_LABEL: OWNER},
+            "ownerReferences": [owner],
+        },
+    }
     marked["metadata"]["annotations"] = {**metadata.get("annotations", {}), HASH_ANNOTATION: _hash(marked)}
     return marked
 
 
-def wanted(policy: Policy, compile: Callable[[Policy], Compiled] = compile_policy) -> list[JSON]:
+def namespace_owner(name: str, uid: str) -> JSON:
+    """The ownerReference to gpuguard's Namespace: uninstalling gpuguard deletes the Namespace, and the
+    garbage collector the objects, though no controller is left to (they are cluster-scoped, and so is
+    a Namespace; no blockOwnerDeletion, which would need rights on the Namespace's finalizers)."""
+    return {"apiVersion": "v1", "kind": "Namespace", "name": name, "uid": uid}
+
+
+def wanted(policy: Policy, owner: JSON, compile: Callable[[Policy], Compiled] = compile_policy) -> list[JSON]:
     """The objects `policy` wants in the cluster: none in webhook mode (and none when the kill switch
     is off: compile_policy gives none), else every compiled object, marked. Raises what compiling
     raises: the caller keeps what it has."""
     if policy.admission.mode == "webhook":
         return []
-    return [owned_object(obj) for obj in compile(policy).objects]
+    return [owned_object(obj, owner) for obj in compile(policy).objects]
 
 
 def owned(raw: Mapping[str, Any]) -> Owned | None:
