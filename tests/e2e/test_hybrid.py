@@ -178,7 +178,7 @@ def test_the_leader_keeps_the_native_policies_in_step_with_the_live_policy_confi
     namespace = create_namespace(cluster, "hybrid")
     wait_until_in_force(cluster, namespace)
     created = owned(cluster)
-    assert leader.status()["nativePolicies"]["MutatingAdmissionPolicy"] >= 1
+    assert leader.status()["nativePolicies"]["owned"]["MutatingAdmissionPolicy"] >= 1
     # Owned by gpuguard's Namespace: uninstalling it lets the garbage collector take them.
     own_namespace = cluster.kubectl_json("get", "namespace", NAMESPACE)["metadata"]
     for obj in created.values():

@@ -259,16 +259,27 @@ def test_a_policy_that_does_not_compile_keeps_the_objects_in_place() -> None:
     changed = make_policy(
         {"admission": {"mode": "hybrid"}, "rules": {"gracefulTermination": {"marginSeconds": 25}}}
     )
-    _controller(changed, mine, writes, compile=broken).reconcile(KEY)
+    controller = _controller(changed, mine, writes, compile=broken)
+    controller.reconcile(KEY)
     assert writes.calls == []
+    problem = controller.status()["problem"]
+    assert isinstance(problem, str) and "does not compile" in problem and "unbalanced braces" in problem
 
 
 def test_an_object_the_api_server_refuses_is_reported_and_the_others_are_still_written() -> None:
     policy = make_policy({"admission": {"mode": "hybrid"}})
     writes = RecordedNativeWrites(refuse="gpuguard-graceful-termination")
+    controller = _controller(policy, [], writes)
     with pytest.raises(TerminalError, match="gpuguard-graceful-termination"):
-        _controller(policy, [], writes).reconcile(KEY)
+        controller.reconcile(KEY)
     assert len(writes.calls) == len(_wanted(policy)) - 1
+    assert "refused MutatingAdmissionPolicy gpuguard-graceful-termination" in str(
+        controller.status()["problem"]
+    )
+    # Once the server takes it, the problem is gone.
+    writes.refuse = ""
+    controller.reconcile(KEY)
+    assert controller.status()["problem"] is None
 
 
 def test_a_replica_that_may_not_lead_sends_no_write() -> None:

@@ -341,7 +341,7 @@ class ControllerManager:
             "breaker": {**breaker.to_data(), "wouldOpen": self.controllers.breaker.would_open},
             "heldNodes": self.controllers.ledger.held(),
             "admissionMode": self.store.policy.admission.mode,
-            "nativePolicies": nativesync.owned_counts(self.own_native),
+            "nativePolicies": self.native.status(),
         }
 
     # --- leadership ----------------------------------------------------------------------------------

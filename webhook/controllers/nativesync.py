@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 from webhook.controllers import series
@@ -67,6 +67,8 @@ class NativePolicies:
         self.owner = owner
         self.registry = registry
         self.compile = compile
+        # Why the objects are not what the policy wants, when retrying cannot help (shown by /policy).
+        self.problem: str | None = None
         self.controller: Controller[str] = Controller(NAME, self.reconcile, stop=stop, observe=self._observed)
         for informer in owned:
             informer.on_change(self.owned_changed)
@@ -87,18 +89,16 @@ class NativePolicies:
         try:
             want = nativesync.wanted(policy, owner, self.compile)
         except Exception as exc:  # whatever compiling raised: the objects in place stay
-            log.warning(
-                "policy %s does not compile into native admission policies; the last good ones stay: %s",
-                policy.hash,
-                exc,
-            )
+            self.problem = f"policy {policy.hash} does not compile (the last good objects stay): {exc}"
+            log.warning("native admission policies: %s", self.problem)
             return Result()
         unserved = [informer.name for informer in self.owned if not informer.served]
         if want and unserved:
-            raise TerminalError(
+            self.problem = (
                 f"admission.mode {policy.admission.mode} needs {', '.join(unserved)}, which the API server"
                 " does not serve"
             )
+            raise TerminalError(self.problem)
         have = [found for informer in self.owned for found in informer.current().values()]
         refused: list[str] = []
         for write in nativesync.plan(want, have):
@@ -107,8 +107,18 @@ class NativePolicies:
             except InvalidObjectError as exc:
                 refused.append(f"{write.kind} {write.name}: {exc}")
         if refused:
-            raise TerminalError("the API server refused " + "; ".join(refused))
+            self.problem = "the API server refused " + "; ".join(refused)
+            raise TerminalError(self.problem)
+        self.problem = None
         return Result()
+
+    def status(self) -> dict[str, object]:
+        """For /policy: how many objects gpuguard owns, by kind, and what keeps them from the policy."""
+        counts: dict[str, int] = {}
+        for informer in self.owned:
+            for found in informer.current().values():
+                counts[found.kind] = counts.get(found.kind, 0) + 1
+        return {"owned": counts, "problem": self.problem}
 
     def _send(self, write: Write, policy: Policy) -> None:
         resource = RESOURCES[write.kind]
@@ -137,12 +147,3 @@ class NativePolicies:
 def owned_informers(listwatch: Callable[[str], Any], stop: threading.Event) -> list[Informer[Owned]]:
     """One informer per admission policy resource, each holding gpuguard's own objects only."""
     return [Informer(resource, listwatch(resource), converter, stop=stop) for resource in RESOURCES.values()]
-
-
-def owned_counts(owned: Sequence[Informer[Owned]]) -> Mapping[str, int]:
-    """How many objects gpuguard owns, by kind (for /policy)."""
-    counts: dict[str, int] = {}
-    for informer in owned:
-        for found in informer.current().values():
-            counts[found.kind] = counts.get(found.kind, 0) + 1
-    return counts
