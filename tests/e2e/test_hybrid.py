@@ -186,6 +186,30 @@ def test_the_leader_keeps_the_native_policies_in_step_with_the_live_policy_confi
             ("Namespace", NAMESPACE, own_namespace["uid"])
         ]
 
+    # An owned object edited by hand is written back; the others are left alone.
+    binding = next(k for k in created if k[0] == "ValidatingAdmissionPolicyBinding")
+    cluster.kubectl(
+        "patch",
+        "validatingadmissionpolicybinding",
+        binding[1],
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"validationActions": ["Audit"]}}),
+    )
+    eventually(
+        lambda: (
+            owned(cluster)[binding]["spec"]["validationActions"]
+            == created[binding]["spec"]["validationActions"]
+        ),
+        what="the edited binding written back",
+        processes=[leader],
+    )
+    restored = owned(cluster)
+    assert {k: v for k, v in versions(restored).items() if k != binding} == {
+        k: v for k, v in versions(created).items() if k != binding
+    }
+    created = restored
+
     # A policy change: what changed is updated, what is no longer wanted deleted, the rest left alone.
     set_policy(cluster, yaml.safe_dump(CHANGED))
     eventually(

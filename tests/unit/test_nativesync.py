@@ -22,6 +22,7 @@ from webhook.policy.nativesync import (
     OWNER_LABEL,
     RESOURCES,
     Owned,
+    holds,
     namespace_owner,
     owned,
     plan,
@@ -139,6 +140,28 @@ def test_from_nothing_every_object_is_created_policies_before_bindings() -> None
 def test_what_the_cluster_holds_already_gets_no_write_though_the_server_filled_in_defaults() -> None:
     want = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
     assert plan(want, _have(want)) == []
+
+
+def test_an_owned_object_someone_edited_is_written_back() -> None:
+    want = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    stored = [_stored(o) for o in want]
+    binding = next(o for o in stored if o["kind"] == "ValidatingAdmissionPolicyBinding")
+    binding["spec"]["validationActions"] = ["Warn"]
+    have = [o for o in (owned(obj) for obj in stored) if o is not None]
+    writes = plan(want, have)
+    assert [(w.verb, w.kind, w.name) for w in writes] == [
+        ("update", binding["kind"], binding["metadata"]["name"])
+    ]
+
+
+def test_what_was_sent_holds_in_what_the_server_stored_with_its_defaults_and_not_after_an_edit() -> None:
+    sent = {"spec": {"rules": [{"a": 1}], "actions": ["Deny"]}, "metadata": {"labels": {"x": "1"}}}
+    labels = {"labels": {"x": "1", "other": "2"}}
+    spec: JSON = {"rules": [{"a": 1, "scope": "*"}], "actions": ["Deny"], "matchPolicy": "Equivalent"}
+    assert holds({"spec": spec, "metadata": labels}, sent)
+    assert not holds({"spec": {**spec, "actions": ["Warn"]}, "metadata": labels}, sent)
+    assert not holds({"spec": {**spec, "rules": [{"a": 1}, {"a": 2}]}, "metadata": labels}, sent)
+    assert not holds({"metadata": labels}, sent)
 
 
 def test_a_policy_change_updates_what_changed_at_the_version_read_and_deletes_what_is_no_longer_wanted() -> (

@@ -7,8 +7,9 @@ writes it at the resourceVersion read. Ownership is a label of its own, not nati
 too, and is the operator's, never deleted or overwritten here.
 
 The API server defaults fields of what it stores (`matchPolicy`, empty selectors, ...), so a stored
-object never equals the one sent. Each object carries instead the hash of what was sent; an object is
-rewritten when the hash of what the policy wants differs, never because the server filled in a default.
+object never equals the one sent. Each object carries instead the hash of what was sent: an object is
+rewritten when the hash of what the policy wants differs (the policy changed), or when it no longer holds
+every field that was sent (someone edited it), never because the server filled in a default.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Owned:
     name: str
     hash: str
     resource_version: str
+    fields: JSON  # its labels, annotations, ownerReferences and spec, as stored
 
     @property
     def key(self) -> Key:
@@ -110,7 +112,26 @@ def owned(raw: Mapping[str, Any]) -> Owned | None:
         name=str(metadata.get("name", "")),
         hash=str((metadata.get("annotations") or {}).get(HASH_ANNOTATION, "")),
         resource_version=str(metadata.get("resourceVersion", "")),
+        fields={"metadata": _kept(metadata), "spec": raw.get("spec")},
     )
+
+
+def holds(stored: Any, sent: Any) -> bool:
+    """Whether `stored` still says everything `sent` said: the API server only adds defaults to what it
+    is sent (maps gain keys; lists keep their length and order), so anything else is someone's edit."""
+    if isinstance(sent, dict):
+        return isinstance(stored, dict) and all(k in stored and holds(stored[k], v) for k, v in sent.items())
+    if isinstance(sent, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(sent)
+            and all(holds(s, v) for s, v in zip(stored, sent, strict=True))
+        )
+    return bool(stored == sent)
+
+
+def _kept(metadata: JSON) -> JSON:
+    return {key: metadata[key] for key in ("labels", "annotations", "ownerReferences") if key in metadata}
 
 
 def _order(kind: str) -> int:
@@ -129,7 +150,9 @@ def plan(want: Iterable[JSON], have: Iterable[Owned]) -> list[Write]:
         found = current.get((kind, name))
         if found is None:
             writes.append(Write("create", kind, name, obj))
-        elif found.hash != obj["metadata"]["annotations"][HASH_ANNOTATION]:
+        elif found.hash != obj["metadata"]["annotations"][HASH_ANNOTATION] or not holds(
+            found.fields, {"metadata": _kept(obj["metadata"]), "spec": obj["spec"]}
+        ):
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": found.resource_version}}
             writes.append(Write("update", kind, name, body, found.resource_version))
     gone = sorted(
