@@ -4,6 +4,7 @@ writes from what gpuguard owns to them (pure; the writes on a real API server ar
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from kubernetes.client import ApiClient
 from webhook.controllers.nativesync import KEY, NativePolicies, owned_informers
 from webhook.kube.controller import TerminalError
 from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
+from webhook.policy import engine
 from webhook.policy.model import Policy, PolicyError, default_policy, parse_policy
 from webhook.policy.native import MANAGED_BY, Compiled, compile_policy
 from webhook.policy.nativesync import (
@@ -30,7 +32,7 @@ from webhook.policy.nativesync import (
 )
 from webhook.policy.workload import JSON
 
-from .builders import make_policy
+from .builders import gpu_pod, job, make_policy, pod
 from .wired import Listed, registry
 
 NAMESPACE = namespace_owner("gpuguard", "6c1f0e4e-uid")
@@ -68,6 +70,19 @@ def test_the_mode_changes_the_policy_hash_and_nothing_the_webhook_decides() -> N
     webhook, hybrid = make_policy({}), make_policy({"admission": {"mode": "hybrid"}})
     assert webhook.hash != hybrid.hash
     assert webhook.rules == hybrid.rules and webhook.namespaces == hybrid.namespaces
+
+
+@pytest.mark.parametrize("mode", ["native", "hybrid"])
+def test_the_engine_answers_the_same_in_every_mode_but_for_the_policy_hash_it_writes(mode: str) -> None:
+    webhook, other = make_policy({}), make_policy({"admission": {"mode": mode}})
+    outcomes: set[str] = set()
+    for obj in (gpu_pod(), job(), pod(nodeSelector={"nvidia.com/gpu.present": "true"})):
+        for run in (engine.mutate, engine.validate):
+            first, second = run(copy.deepcopy(obj), webhook), run(copy.deepcopy(obj), other)
+            assert first.decisions == second.decisions
+            assert json.dumps(first.obj).replace(webhook.hash, other.hash) == json.dumps(second.obj)
+            outcomes |= {d.outcome for d in first.decisions}
+    assert {"applied", "denied"} <= outcomes
 
 
 def test_webhook_mode_wants_nothing_and_hybrid_and_native_want_every_compiled_object_marked_as_owned() -> (
