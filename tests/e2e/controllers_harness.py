@@ -515,15 +515,28 @@ def reasons(plane: ControlPlane, *, kind: str, name: str, namespace: str = "defa
 
 
 class ControllersProcess:
-    """`python -m webhook controllers` with a policy file, as the controllers' ServiceAccount."""
+    """`python -m webhook controllers` with a policy file (or, given `policy_configmap`, the policy of
+    that ConfigMap, NAMESPACE/NAME), as the controllers' ServiceAccount."""
 
-    def __init__(self, workdir: Path, kubeconfig: Path, policy: JSON, *, identity: str) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        kubeconfig: Path,
+        policy: JSON,
+        *,
+        identity: str,
+        policy_configmap: str | None = None,
+        lease_args: tuple[str, ...] = LEASE_ARGS,
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.identity = identity
         (self.port,) = free_ports(1)
         self.policy_path = workdir / "policy.yaml"
         self.write_policy(policy)
+        source = (
+            f"--policy-configmap={policy_configmap}" if policy_configmap else f"--policy={self.policy_path}"
+        )
         self.log_path = workdir / f"{identity}.log"
         self.argv = [
             sys.executable,
@@ -534,9 +547,9 @@ class ControllersProcess:
             f"--port={self.port}",
             f"--kubeconfig={kubeconfig}",
             f"--namespace={NAMESPACE}",
-            f"--policy={self.policy_path}",
+            source,
             f"--identity={identity}",
-            *LEASE_ARGS,
+            *lease_args,
         ]
         self._process: Process | None = None
 

@@ -51,6 +51,7 @@ from webhook_harness import REPO_ROOT, cpu_pod, default_priority_classes, gpu_po
 from webhook import cli
 from webhook.certs import files, tls
 from webhook.cli import controllers as cli_controllers
+from webhook.policy.nativesync import RESOURCES
 
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 # Short, so a whole rotation fits in a test; the API server still needs far less than this to pick up a
@@ -473,6 +474,12 @@ def test_controllers_service_account_rules_are_exactly_theirs(
         *{
             ("resource.k8s.io", "devicetaintrules", "", v)
             for v in ("get", "list", "watch", "create", "patch", "delete")
+        },
+        # admission.mode hybrid and native: gpuguard's own admission policies and bindings.
+        *{
+            ("admissionregistration.k8s.io", r, "", v)
+            for r in RESOURCES.values()
+            for v in ("get", "list", "watch", "create", "update", "delete")
         },
     }
     in_namespace = {

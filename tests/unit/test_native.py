@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import re
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +189,14 @@ def test_every_variable_is_defined_before_it_is_read(text: str) -> None:
         ]
         for expression in later:
             assert set(re.findall(r"variables\.(\w+)", expression)) <= set(defined), expression
+
+
+def test_compile_says_what_is_lost_when_the_policy_runs_no_webhook(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "native.yaml"
+    policy.write_text("admission: {mode: native}\n")
+    assert main(["policy", "compile", "--policy", str(policy)]) == 0
+    out = capsys.readouterr().out
+    assert "is lost: admission.mode is native, no webhook runs" in out
+    assert "LOST (ADMISSION.MODE NATIVE)" in out and "LEFT TO THE WEBHOOK" not in out

@@ -57,7 +57,12 @@ def run_effective(args: argparse.Namespace) -> int:
 def run_compile(args: argparse.Namespace) -> int:
     policy = inputs.load_policy(args.policy)
     compiled = compile_policy(policy)
-    gaps = output.table(["rule", "left to the webhook"], ((gap.rule, gap.what) for gap in compiled.gaps))
+    # admission.mode native runs no webhook: what the native policies cannot decide is not decided.
+    native = policy.admission.mode == "native"
+    gaps = output.table(
+        ["rule", "lost (admission.mode native)" if native else "left to the webhook"],
+        ((gap.rule, gap.what) for gap in compiled.gaps),
+    )
     if args.output == "json":
         sys.stdout.write(output.dump_json(output.as_list(compiled.objects)))
         sys.stderr.write(gaps)
@@ -65,7 +70,9 @@ def run_compile(args: argparse.Namespace) -> int:
     source = inputs.display_name(args.policy) if args.policy else "the embedded default policy"
     header = [
         f"policy {policy.hash} ({source}) as MutatingAdmissionPolicies and ValidatingAdmissionPolicies.",
-        "What they cannot decide stays the webhook's:",
+        "What they cannot decide is lost: admission.mode is native, no webhook runs:"
+        if native
+        else "What they cannot decide stays the webhook's:",
         "",
         *gaps.splitlines(),
     ]

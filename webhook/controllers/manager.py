@@ -1,9 +1,10 @@
 """The composition root of `gpuguard controllers`: what runs on every replica, what only the leader runs.
 
 Every replica: the policy (file or ConfigMap, last good kept), the informers (Nodes, Pods, Namespaces,
-the breaker's ConfigMap), the Event sender and the probes (HTTP: /healthz, /readyz once the caches
+the breaker's ConfigMap, gpuguard's own admission policies), the Event sender and the probes (HTTP: /healthz, /readyz once the caches
 synced, /metrics, /policy). Only the leader, once its caches synced and it holds the Lease: the node
-health controller and the pod device-health watcher. The standby keeps warm caches, so it takes over
+health controller, the pod device-health watcher and the native admission policies of `admission.mode`
+(controllers/nativesync.py). The standby keeps warm caches, so it takes over
 within the lease duration of a leader's death, and at once when the leader stops cleanly (it releases
 the Lease on SIGTERM). A leader that loses its Lease exits with status 1: the other replica may act.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from webhook import probes
-from webhook.controllers import series
+from webhook.controllers import nativesync, series
 from webhook.controllers.fleet import DUE_LOG_WRITE_SECONDS, disrupts
 from webhook.controllers.nodehealth import announce
 from webhook.controllers.wiring import HealthControllers
@@ -147,6 +148,10 @@ class ControllerManager:
         self.own_rules: Informer[health.OwnRule] = Informer(
             "devicetaintrules", remediation.own_device_taint_rules(api), _own_rule, stop=stop
         )
+        # gpuguard's own admission policies and bindings (admission.mode): only those it labelled.
+        self.own_native = nativesync.owned_informers(
+            lambda resource: remediation.own_native_policies(api, resource), stop
+        )
         self.informers: list[Informer[Any]] = [
             self.nodes,
             self.pods,
@@ -155,6 +160,7 @@ class ControllerManager:
             self.slices,
             self.claims,
             self.own_rules,
+            *self.own_native,
         ]
         # Every write of the controllers checks, just before it goes, that this replica renewed the Lease
         # within the renew deadline: a leader paused past its lease never writes beside the new one.
@@ -175,6 +181,14 @@ class ControllerManager:
             slices=self.slices,
             claims=self.claims,
             own_rules=self.own_rules,
+        )
+        self.native = nativesync.NativePolicies(
+            owned=self.own_native,
+            policy=lambda: self.store.policy,
+            writes=remediation.NativePolicyWriter(api, fence),
+            owner=remediation.NamespaceOwner(api, options.namespace),
+            registry=self.registry,
+            stop=stop,
         )
         self.state.on_snapshot(self._state_changed)
         self.runnables = [build(api, lambda: self.store.policy, stop) for build in leader_runnables]
@@ -200,6 +214,7 @@ class ControllerManager:
             queue_depths=lambda: [
                 ("node-health", len(self.controllers.node_health.controller.queue)),
                 ("pod-health", len(self.controllers.pod_health.controller.queue)),
+                (nativesync.NAME, len(self.native.controller.queue)),
             ],
             leader=lambda: self.elector.leading,
         )
@@ -248,6 +263,8 @@ class ControllerManager:
             self.controllers.enqueue_all()
             for runnable in self.runnables:
                 runnable.policy_changed()
+        # On a standby too: the key waits in the queue, and the workers start with the leadership.
+        self.native.policy_changed()
 
     def _metrics(self) -> str:
         return self.registry.render() + "".join(runnable.metrics.render() for runnable in self.runnables)
@@ -323,6 +340,8 @@ class ControllerManager:
             "leader": self.elector.holder,
             "breaker": {**breaker.to_data(), "wouldOpen": self.controllers.breaker.would_open},
             "heldNodes": self.controllers.ledger.held(),
+            "admissionMode": self.store.policy.admission.mode,
+            "nativePolicies": self.native.status(),
         }
 
     # --- leadership ----------------------------------------------------------------------------------
@@ -336,6 +355,8 @@ class ControllerManager:
         threading.Thread(target=self._write_due_log, name="breaker-log", daemon=True).start()
         self.controllers.node_health.controller.start()
         self.controllers.pod_health.controller.start()
+        self.native.controller.start()
+        self.native.policy_changed()
         self.controllers.enqueue_all()
         for runnable in self.runnables:
             runnable.start()
@@ -364,6 +385,7 @@ class ControllerManager:
         self.stop.set()
         self.controllers.node_health.controller.shutdown()
         self.controllers.pod_health.controller.shutdown()
+        self.native.controller.shutdown()
         for runnable in self.runnables:
             runnable.shutdown()  # a finished run is kept; one never started has nothing to stop
         if not self.lost_lease:

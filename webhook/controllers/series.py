@@ -9,6 +9,7 @@ from webhook.metrics import LabelValues, Registry
 REMEDIATIONS = "gpuguard_remediations_total"
 RECONCILES = "gpuguard_controller_reconcile_total"
 RECONCILE_SECONDS = "gpuguard_controller_reconcile_duration_seconds"
+NATIVE_POLICY_WRITES = "gpuguard_native_policy_writes_total"
 TIME_TO_ACT = "gpuguard_remediation_time_to_act_seconds"
 # From seconds (a failure confirmed by correlated exits acts at once) to hours (a long signal wait, a
 # node held by the budget until a place came free).
@@ -46,6 +47,12 @@ def register(
     )
     registry.counter(RECONCILES, "Reconciles by controller and result.", ("controller", "result"))
     registry.histogram(RECONCILE_SECONDS, "Time one reconcile took.", ("controller",))
+    registry.counter(
+        NATIVE_POLICY_WRITES,
+        "Writes of gpuguard's own native admission policies and bindings (admission.mode), by verb"
+        " (create, update, delete).",
+        ("verb",),
+    )
     registry.histogram(
         TIME_TO_ACT,
         "Seconds from gpuguard's first sight of a node's failure signals to each step done on it: its"

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, ResourceListWatch, collection, raw_json
 from webhook.kube.controller import TerminalError
-from webhook.policy import health
+from webhook.policy import health, nativesync
 
 FIELD_MANAGER = "gpuguard"
 MERGE_PATCH = "application/merge-patch+json"
@@ -170,19 +170,78 @@ class DeviceTaintRuleWriter:
         self._send("DELETE", f"{self.PATH}/{name}", options, "application/json")
 
     def _send(self, method: str, path: str, body: dict[str, Any], content_type: str) -> None:
-        query = [("fieldManager", FIELD_MANAGER)] if method != "DELETE" else []
-        request = self.api.param_serialize(
-            method,
-            path,
-            query_params=query,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(*request, _request_timeout=self.fence.timeout())
-        data = response.read()
-        if not 200 <= response.status <= 299:
-            raise _translated(ApiException.from_response(http_resp=response, body=data, data=None))
+        _send(self.api, self.fence, method, path, body, content_type)
+
+
+class InvalidObjectError(TerminalError):
+    """The API server refused the object as invalid (422): sending it again cannot help."""
+
+
+class NativePolicyWriter:
+    """gpuguard's own admission policies and bindings (webhook.policy.nativesync): created, replaced
+    whole at the resourceVersion read, deleted with that version as a precondition."""
+
+    GROUP = "/apis/admissionregistration.k8s.io/v1"
+
+    def __init__(self, api: client.ApiClient, fence: Fence = UNFENCED) -> None:
+        self.api = api
+        self.fence = fence
+
+    def create(self, resource: str, body: dict[str, Any]) -> None:
+        self._send("POST", f"{self.GROUP}/{resource}", body)
+
+    def replace(self, resource: str, name: str, body: dict[str, Any]) -> None:
+        """`body` carries the resourceVersion read: ConflictError when the object changed since."""
+        self._send("PUT", f"{self.GROUP}/{resource}/{name}", body)
+
+    def delete(self, resource: str, name: str, resource_version: str) -> None:
+        options = {"preconditions": {"resourceVersion": resource_version}}
+        self._send("DELETE", f"{self.GROUP}/{resource}/{name}", options)
+
+    def _send(self, method: str, path: str, body: dict[str, Any]) -> None:
+        try:
+            _send(self.api, self.fence, method, path, body, "application/json")
+        except ApiException as exc:
+            if exc.status == 422:
+                raise InvalidObjectError(_status_message(exc)) from exc
+            raise
+
+
+class NamespaceOwner:
+    """The ownerReference to the controllers' Namespace, read once (a Namespace's uid never changes)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self._reference: dict[str, Any] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        if self._reference is None:
+            response = self.core.read_namespace(
+                self.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+            uid = str(raw_json(response)["metadata"]["uid"])
+            self._reference = nativesync.namespace_owner(self.namespace, uid)
+        return self._reference
+
+
+def _send(
+    api: client.ApiClient, fence: Fence, method: str, path: str, body: dict[str, Any], content_type: str
+) -> None:
+    """A raw write through the fence; ConflictError, NotFoundError or the ApiException on failure."""
+    query = [("fieldManager", FIELD_MANAGER)] if method != "DELETE" else []
+    request = api.param_serialize(
+        method,
+        path,
+        query_params=query,
+        header_params={"Accept": "application/json", "Content-Type": content_type},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(*request, _request_timeout=fence.timeout())
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise _translated(ApiException.from_response(http_resp=response, body=data, data=None))
 
 
 def _status_message(exc: ApiException) -> str:
@@ -279,6 +338,15 @@ def own_device_taint_rules(api: client.ApiClient) -> ResourceListWatch:
     return ResourceListWatch(
         collection(api, DeviceTaintRuleWriter.PATH),
         label_selector=f"{health.MANAGED_BY_LABEL}={health.MANAGED_BY}",
+    )
+
+
+def own_native_policies(api: client.ApiClient, resource: str) -> ResourceListWatch:
+    """gpuguard's own objects of one admission policy resource (by its owner label): RBAC cannot limit
+    the controllers to them, so they list only these and never read, so never touch, anyone else's."""
+    return ResourceListWatch(
+        collection(api, f"{NativePolicyWriter.GROUP}/{resource}"),
+        label_selector=f"{nativesync.OWNER_LABEL}={nativesync.OWNER}",
     )
 
 

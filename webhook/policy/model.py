@@ -617,6 +617,15 @@ class Audit(_Model):
     reportIntervalSeconds: WaitSeconds
 
 
+AdmissionMode = Literal["webhook", "native", "hybrid"]
+
+
+class Admission(_Model):
+    # Who decides admission: gpuguard's webhooks alone, or also the API server's own admission policies
+    # (`gpuguard policy compile`), which the controllers' leader keeps in step with this policy.
+    mode: AdmissionMode
+
+
 class Policy(_Model):
     enabled: bool
     mode: ModeField
@@ -629,6 +638,7 @@ class Policy(_Model):
     workloadKinds: list[CustomWorkloadKind] = Field(max_length=MAX_WORKLOAD_KINDS)
     health: Health
     audit: Audit
+    admission: Admission
     _hash: str = PrivateAttr(default="")
 
     @model_validator(mode="after")

@@ -1,0 +1,149 @@
+"""The native admission policies kept in step with the live policy (`admission.mode`), on the leader.
+
+One key, reconciled whenever the policy loads or an object gpuguard owns changes (someone edited or
+deleted it): the wanted objects (webhook.policy.nativesync.wanted) against what the informers hold of
+gpuguard's own, and the writes between them, each at the resourceVersion read (an object changed meanwhile
+is a conflict, retried with backoff on a fresher cache). Every write goes through the writer's fence, so a
+replica that may no longer lead sends nothing.
+
+A policy that does not compile changes nothing: the objects of the last one that did stay, as the
+webhook keeps the last good policy. An object the API server refuses (422) is left as it was; the rest of
+the writes still go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol
+
+from webhook.controllers import series
+from webhook.kube.controller import Controller, Result, TerminalError
+from webhook.kube.informer import Change, Informer
+from webhook.kube.remediation import InvalidObjectError, NotFoundError
+from webhook.metrics import Registry
+from webhook.policy import nativesync
+from webhook.policy.model import Policy
+from webhook.policy.native import Compiled, compile_policy
+from webhook.policy.nativesync import RESOURCES, Owned, Write
+from webhook.policy.workload import JSON
+
+NAME = "native-policies"
+KEY = "native-policies"  # the one key: every object is decided together
+
+log = logging.getLogger("gpuguard.nativesync")
+
+
+class NativeWrites(Protocol):
+    def create(self, resource: str, body: dict[str, Any]) -> None: ...
+
+    def replace(self, resource: str, name: str, body: dict[str, Any]) -> None: ...
+
+    def delete(self, resource: str, name: str, resource_version: str) -> None: ...
+
+
+def converter(raw: dict[str, Any]) -> tuple[Hashable, Owned] | None:
+    found = nativesync.owned(raw)
+    return (found.key, found) if found is not None else None
+
+
+class NativePolicies:
+    def __init__(
+        self,
+        *,
+        owned: Sequence[Informer[Owned]],
+        policy: Callable[[], Policy],
+        writes: NativeWrites,
+        owner: Callable[[], JSON],
+        registry: Registry,
+        stop: threading.Event,
+        compile: Callable[[Policy], Compiled] = compile_policy,
+    ) -> None:
+        self.owned = owned
+        self.policy = policy
+        self.writes = writes
+        self.owner = owner
+        self.registry = registry
+        self.compile = compile
+        # Why the objects are not what the policy wants, when retrying cannot help (shown by /policy).
+        self.problem: str | None = None
+        self.controller: Controller[str] = Controller(NAME, self.reconcile, stop=stop, observe=self._observed)
+        for informer in owned:
+            informer.on_change(self.owned_changed)
+
+    def _observed(self, outcome: str, seconds: float) -> None:
+        self.registry.inc(series.RECONCILES, NAME, outcome)
+        self.registry.observe(series.RECONCILE_SECONDS, seconds, NAME)
+
+    def owned_changed(self, change: Change[Owned]) -> None:
+        self.controller.enqueue(KEY)
+
+    def policy_changed(self) -> None:
+        self.controller.enqueue(KEY)
+
+    def reconcile(self, key: str) -> Result:
+        policy = self.policy()
+        owner = self.owner() if policy.admission.mode != "webhook" else {}
+        try:
+            want = nativesync.wanted(policy, owner, self.compile)
+        except Exception as exc:  # whatever compiling raised: the objects in place stay
+            self.problem = f"policy {policy.hash} does not compile (the last good objects stay): {exc}"
+            log.warning("native admission policies: %s", self.problem)
+            return Result()
+        unserved = [informer.name for informer in self.owned if not informer.served]
+        if want and unserved:
+            self.problem = (
+                f"admission.mode {policy.admission.mode} needs {', '.join(unserved)}, which the API server"
+                " does not serve"
+            )
+            raise TerminalError(self.problem)
+        have = [found for informer in self.owned for found in informer.current().values()]
+        refused: list[str] = []
+        for write in nativesync.plan(want, have):
+            try:
+                self._send(write, policy)
+            except InvalidObjectError as exc:
+                refused.append(f"{write.kind} {write.name}: {exc}")
+        if refused:
+            self.problem = "the API server refused " + "; ".join(refused)
+            raise TerminalError(self.problem)
+        self.problem = None
+        return Result()
+
+    def status(self) -> dict[str, object]:
+        """For /policy: how many objects gpuguard owns, by kind, and what keeps them from the policy."""
+        counts: dict[str, int] = {}
+        for informer in self.owned:
+            for found in informer.current().values():
+                counts[found.kind] = counts.get(found.kind, 0) + 1
+        return {"owned": counts, "problem": self.problem}
+
+    def _send(self, write: Write, policy: Policy) -> None:
+        resource = RESOURCES[write.kind]
+        if write.verb == "create":
+            assert write.body is not None
+            self.writes.create(resource, write.body)
+        elif write.verb == "update":
+            assert write.body is not None
+            self.writes.replace(resource, write.name, write.body)
+        else:
+            with contextlib.suppress(NotFoundError):  # gone already: what the delete was for
+                self.writes.delete(resource, write.name, write.resource_version)
+        self.registry.inc(series.NATIVE_POLICY_WRITES, write.verb)
+        log.info(
+            "%s %s %s for admission.mode %s",
+            {"create": "created", "update": "updated", "delete": "deleted"}[write.verb],
+            write.kind,
+            write.name,
+            policy.admission.mode,
+            extra={
+                "fields": {"controller": NAME, "kind": write.kind, "name": write.name, "verb": write.verb}
+            },
+        )
+
+
+def owned_informers(listwatch: Callable[[str], Any], stop: threading.Event) -> list[Informer[Owned]]:
+    """One informer per admission policy resource, each holding gpuguard's own objects only."""
+    return [Informer(resource, listwatch(resource), converter, stop=stop) for resource in RESOURCES.values()]
