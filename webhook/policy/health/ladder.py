@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from webhook.policy import holdings
+from webhook.policy.health.record import (
+    ACK_ANNOTATION,
+    RECORD_ANNOTATION,
+    NodeRecord,
+    as_mapping,
+    clamped,
+    parse_time,
+)
 from webhook.policy.model import HealthSignals, Mode, Policy, scaled_count
 from webhook.policy.quantity import whole_count
 
 TAINT_KEY = "gpuguard.io/device-unhealthy"
 CONDITION_TYPE = "GPUGuardDeviceHealthy"
-RECORD_ANNOTATION = "gpuguard.io/remediation"
-# An operator's acknowledgement of a node (an RFC 3339 time, `gpuguard nodes ack`): it clears the
-# repeated-failure hold and the expected device counts recorded before it.
-ACK_ANNOTATION = "gpuguard.io/acknowledged"
 EXCLUDE_LABEL = "gpuguard.io/exclude-from-remediation"
 DISRUPTION_TARGET = "DisruptionTarget"
 CLAIM_PREFIX = "claim:"
@@ -53,25 +56,6 @@ Effect = Literal["do", "would", "hold"]
 # The steps of the ladder as they appear in Events, metrics and `gpuguard nodes`.
 StepAction = Literal["condition", "taint", "drain", "recover", "cancel"]
 EvictReason = Literal["DeviceUnhealthy", "DeviceUnknown", "NodeDrain"]
-
-
-def _parse_time(value: object) -> datetime.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
-
-
-def format_time(moment: datetime.datetime) -> str:
-    """RFC 3339 in UTC with seconds, as the API server writes times."""
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 # --- facts -------------------------------------------------------------------------------------------
@@ -101,136 +85,6 @@ class OwnCondition:
     status: str
     reason: str
     message: str
-
-
-@dataclass(frozen=True)
-class NodeRecord:
-    """What gpuguard keeps on a node (the `gpuguard.io/remediation` annotation): when it first saw each
-    signal and what it did, so that a restart or a new leader reaches the same verdict and undoes only
-    its own marks."""
-
-    signals: Mapping[str, datetime.datetime] = field(default_factory=dict)
-    unhealthy_since: datetime.datetime | None = None
-    clear_since: datetime.datetime | None = None
-    # When the node took a place in its pool's budget: from then on gpuguard acts on it.
-    admitted_at: datetime.datetime | None = None
-    # gpuguard set spec.unschedulable itself (so it, and only it, undoes it).
-    cordoned: bool = False
-    draining_since: datetime.datetime | None = None
-    # An operator uncordoned what gpuguard cordoned: hands off until the node is healthy again.
-    cancelled_at: datetime.datetime | None = None
-    last_action: str = ""
-    last_action_at: datetime.datetime | None = None
-    # The Node (uid) the expected counts and the history below were seen on.
-    uid: str = ""
-    # The most devices seen per accelerator resource on this node: fewer is a device gone, not a
-    # recovery. Kept while the record is, set again when the resources change (a new MIG layout).
-    expected: Mapping[str, int] = field(default_factory=dict)
-    # When each past episode gpuguard acted on became due (bounded by health.recovery.escalation).
-    remediations: tuple[datetime.datetime, ...] = ()
-    # The operator's acknowledgement (annotation gpuguard.io/acknowledged) already taken into account.
-    acknowledged_at: datetime.datetime | None = None
-
-    def to_json(self) -> str:
-        data: dict[str, Any] = {
-            "signals": {key: format_record_time(t) for key, t in sorted(self.signals.items())}
-        }
-        for name in _RECORD_TIMES:
-            moment = getattr(self, name)
-            if moment is not None:
-                data[_camel(name)] = format_record_time(moment)
-        if self.cordoned:
-            data["cordoned"] = True
-        if self.last_action:
-            data["lastAction"] = self.last_action
-            if self.last_action_at is not None:
-                data["lastActionAt"] = format_record_time(self.last_action_at)
-        if self.uid:
-            data["uid"] = self.uid
-        if self.expected:
-            data["expected"] = dict(sorted(self.expected.items()))
-        if self.remediations:
-            data["remediations"] = [format_record_time(moment) for moment in self.remediations]
-        return json.dumps(data, separators=(",", ":"), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> NodeRecord:
-        """Raises ValueError for anything but a record this module wrote (too long, too deep, a field
-        of the wrong type): whatever is in the annotation, the error is this node's alone."""
-        if len(text) > MAX_RECORD_CHARS:
-            raise ValueError(f"the record is longer than {MAX_RECORD_CHARS} characters")
-        try:
-            data = json.loads(text)
-        except RecursionError:
-            raise ValueError("the record is nested too deeply") from None
-        if not isinstance(data, dict):
-            raise ValueError("the record is not a JSON object")
-        signals = {key: _parse_time(value) for key, value in _mapping(data.get("signals")).items()}
-        times = {name: _parse_time(data.get(_camel(name))) for name in _RECORD_TIMES}
-        expected = _mapping(data.get("expected"))
-        if not all(type(count) is int and count >= 0 for count in expected.values()):
-            raise ValueError("the record's expected device counts are not counts")
-        remediations = data.get("remediations", [])
-        if not isinstance(remediations, list):
-            raise ValueError("the record's remediations are not a list")
-        last_action, uid = data.get("lastAction", ""), data.get("uid", "")
-        if not isinstance(last_action, str) or not isinstance(uid, str):
-            raise ValueError("the record's lastAction and uid must be strings")
-        return cls(
-            signals={key: moment for key, moment in signals.items() if moment is not None},
-            cordoned=data.get("cordoned") is True,
-            last_action=last_action,
-            last_action_at=_parse_time(data.get("lastActionAt")),
-            uid=uid,
-            expected=dict(expected),
-            remediations=tuple(sorted(m for m in map(_parse_time, remediations) if m is not None)),
-            **times,
-        )
-
-
-_RECORD_TIMES = (
-    "unhealthy_since",
-    "clear_since",
-    "admitted_at",
-    "draining_since",
-    "cancelled_at",
-    "acknowledged_at",
-)
-# The longest record annotation read: a record of gpuguard's own stays far below it.
-MAX_RECORD_CHARS = 16_384
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-def format_record_time(moment: datetime.datetime) -> str:
-    """RFC 3339 in UTC, with the fraction of a second when there is one: a wait timed from a record
-    must never end early because the record dropped a fraction."""
-    moment = moment.astimezone(datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if moment.microsecond else "%Y-%m-%dT%H:%M:%SZ")
-
-
-def clamped(record: NodeRecord, now: datetime.datetime) -> tuple[NodeRecord, tuple[str, ...]]:
-    """The record with every time later than `now` set to `now`, and the fields that were: a time in
-    the future (a tampered record, a previous leader's clock running ahead) would hold a wait off.
-    The acknowledgement is not a time gpuguard took: it is kept as the operator wrote it."""
-    later = [name for name in _CLOCK_TIMES if (getattr(record, name) or now) > now]
-    later += [f"signals[{key}]" for key, moment in sorted(record.signals.items()) if moment > now]
-    later += ["remediations"] if any(moment > now for moment in record.remediations) else []
-    if not later:
-        return record, ()
-    times: dict[str, Any] = {name: now for name in _CLOCK_TIMES if name in later}
-    return replace(
-        record,
-        signals={key: min(moment, now) for key, moment in record.signals.items()},
-        remediations=tuple(min(moment, now) for moment in record.remediations),
-        **times,
-    ), tuple(later)
-
-
-_CLOCK_TIMES = (*(name for name in _RECORD_TIMES if name != "acknowledged_at"), "last_action_at")
 
 
 # --- DRA: the devices a node's ResourceSlices publish, and the conditions of the claims holding them --
@@ -333,20 +187,20 @@ NO_DRA_DEVICES = NodeDevices()
 def slice_facts(raw: Mapping[str, Any]) -> SliceFacts | None:
     """The fields of a ResourceSlice the verdicts read; None for a slice of no single node (devices
     reachable from many nodes, network-attached: not one node's to fail)."""
-    metadata, spec = _mapping(raw.get("metadata")), _mapping(raw.get("spec"))
+    metadata, spec = as_mapping(raw.get("metadata")), as_mapping(raw.get("spec"))
     name, node, driver = metadata.get("name"), spec.get("nodeName"), spec.get("driver")
-    pool = _mapping(spec.get("pool"))
+    pool = as_mapping(spec.get("pool"))
     if not all(isinstance(value, str) and value for value in (name, node, driver)):
         return None
     generation, count = pool.get("generation"), pool.get("resourceSliceCount")
     devices = []
     for device in spec.get("devices") or []:
-        device_name = _mapping(device).get("name")
+        device_name = as_mapping(device).get("name")
         if not isinstance(device_name, str):
             continue
         taints = tuple(
             Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
-            for t in map(_mapping, _mapping(device).get("taints") or [])
+            for t in map(as_mapping, as_mapping(device).get("taints") or [])
         )
         devices.append(DraDevice(str(driver), str(pool.get("name", "")), device_name, str(name), taints))
     return SliceFacts(
@@ -363,9 +217,9 @@ def slice_facts(raw: Mapping[str, Any]) -> SliceFacts | None:
 def claim_facts(raw: Mapping[str, Any]) -> ClaimFacts | None:
     """The fields of a ResourceClaim the verdicts read; None for a claim not allocated (it holds no
     device yet): most claims of a cluster waiting to be scheduled are never kept."""
-    metadata, status = _mapping(raw.get("metadata")), _mapping(raw.get("status"))
+    metadata, status = as_mapping(raw.get("metadata")), as_mapping(raw.get("status"))
     name, namespace = metadata.get("name"), metadata.get("namespace")
-    results = _mapping(_mapping(status.get("allocation")).get("devices")).get("results") or []
+    results = as_mapping(as_mapping(status.get("allocation")).get("devices")).get("results") or []
     if not isinstance(name, str) or not isinstance(namespace, str) or not results:
         return None
     devices = tuple(
@@ -375,10 +229,10 @@ def claim_facts(raw: Mapping[str, Any]) -> ClaimFacts | None:
             str(result.get("pool", "")),
             str(result.get("device", "")),
         )
-        for result in map(_mapping, results)
+        for result in map(as_mapping, results)
     )
     conditions: dict[str, tuple[DeviceCondition, ...]] = {}
-    for device in map(_mapping, status.get("devices") or []):
+    for device in map(as_mapping, status.get("devices") or []):
         found = tuple(
             DeviceCondition(
                 str(c.get("type", "")),
@@ -386,14 +240,14 @@ def claim_facts(raw: Mapping[str, Any]) -> ClaimFacts | None:
                 str(c.get("reason") or ""),
                 str(c.get("message") or ""),
             )
-            for c in map(_mapping, device.get("conditions") or [])
+            for c in map(as_mapping, device.get("conditions") or [])
         )
         if found:
             held = device_id(*(str(device.get(part, "")) for part in ("driver", "pool", "device")))
             conditions[held] = conditions.get(held, ()) + found
     pods = tuple(
         str(user.get("name"))
-        for user in map(_mapping, status.get("reservedFor") or [])
+        for user in map(as_mapping, status.get("reservedFor") or [])
         if user.get("resource") == "pods" and isinstance(user.get("name"), str)
     )
     return ClaimFacts(namespace, name, str(metadata.get("uid", "")), devices, conditions, pods)
@@ -517,11 +371,11 @@ class PodFacts:
 
 def node_facts(raw: Mapping[str, Any]) -> NodeFacts | None:
     """The fields of a Node the verdicts read; None for an object without a name."""
-    metadata = _mapping(raw.get("metadata"))
+    metadata = as_mapping(raw.get("metadata"))
     name = metadata.get("name")
     if not isinstance(name, str):
         return None
-    spec, status = _mapping(raw.get("spec")), _mapping(raw.get("status"))
+    spec, status = as_mapping(raw.get("spec")), as_mapping(raw.get("status"))
     conditions: dict[str, str] = {}
     own: OwnCondition | None = None
     for condition in status.get("conditions") or []:
@@ -545,7 +399,7 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts | None:
         for taint in spec.get("taints") or []
         if isinstance(taint, dict)
     )
-    annotations = _mapping(metadata.get("annotations"))
+    annotations = as_mapping(metadata.get("annotations"))
     record, record_error = None, ""
     text = annotations.get(RECORD_ANNOTATION)
     if isinstance(text, str):
@@ -553,7 +407,7 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts | None:
             record = NodeRecord.from_json(text)
         except ValueError as exc:
             record_error = f"annotation {RECORD_ANNOTATION} is unreadable: {exc}"
-    labels = _mapping(metadata.get("labels"))
+    labels = as_mapping(metadata.get("labels"))
     return NodeFacts(
         name=name,
         uid=str(metadata.get("uid", "")),
@@ -567,13 +421,13 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts | None:
         taints=taints,
         record=record,
         record_error=record_error,
-        acknowledged_at=_parse_time(annotations.get(ACK_ANNOTATION)),
+        acknowledged_at=parse_time(annotations.get(ACK_ANNOTATION)),
     )
 
 
 def _extended(resources: object) -> dict[str, int]:
     found: dict[str, int] = {}
-    for name, value in _mapping(resources).items():
+    for name, value in as_mapping(resources).items():
         count = whole_count(value)
         if "/" in name and count is not None:
             found[name] = count
@@ -583,24 +437,26 @@ def _extended(resources: object) -> dict[str, int]:
 def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
     """The fields of a Pod the verdicts read; None for a pod that matters to no verdict (no extended
     resource, no claim, not a DaemonSet's): most pods of a cluster are never kept."""
-    metadata, spec, status = (_mapping(raw.get(key)) for key in ("metadata", "spec", "status"))
+    metadata, spec, status = (as_mapping(raw.get(key)) for key in ("metadata", "spec", "status"))
     name, namespace = metadata.get("name"), metadata.get("namespace")
     if not isinstance(name, str) or not isinstance(namespace, str):
         return None
     requests: dict[str, None] = {}
     for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        resources = _mapping(_mapping(container).get("resources"))
+        resources = as_mapping(as_mapping(container).get("resources"))
         for kind in ("limits", "requests"):
-            requests.update((resource, None) for resource in _mapping(resources.get(kind)) if "/" in resource)
+            requests.update(
+                (resource, None) for resource in as_mapping(resources.get(kind)) if "/" in resource
+            )
     for claim in spec.get("resourceClaims") or []:
-        claim_name = _mapping(claim).get("name")
+        claim_name = as_mapping(claim).get("name")
         if isinstance(claim_name, str):
             requests[f"{CLAIM_PREFIX}{claim_name}"] = None
-    owners = [_mapping(owner) for owner in metadata.get("ownerReferences") or []]
+    owners = [as_mapping(owner) for owner in metadata.get("ownerReferences") or []]
     owner_kind = next((str(o.get("kind", "")) for o in owners if o.get("controller") is True), "")
     if not requests and owner_kind != "DaemonSet":
         return None
-    statuses = [_mapping(s) for s in status.get("containerStatuses") or []]
+    statuses = [as_mapping(s) for s in status.get("containerStatuses") or []]
     devices: list[DeviceHealth] = []
     reported: set[tuple[str, str]] = set()
     terminations: list[Termination] = []
@@ -609,10 +465,10 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
     for container_status in statuses:
         container = str(container_status.get("name", ""))
         for resource_status in container_status.get("allocatedResourcesStatus") or []:
-            resource = str(_mapping(resource_status).get("name", ""))
-            for health in _mapping(resource_status).get("resources") or []:
-                state = _mapping(health).get("health")
-                device = str(_mapping(health).get("resourceID", ""))
+            resource = str(as_mapping(resource_status).get("name", ""))
+            for health in as_mapping(resource_status).get("resources") or []:
+                state = as_mapping(health).get("health")
+                device = str(as_mapping(health).get("resourceID", ""))
                 if state in ("Unhealthy", "Unknown"):
                     devices.append(DeviceHealth(container, resource, device, state))
                 # Only DRA devices are ever Unknown (device plugins report Healthy or Unhealthy), so
@@ -620,24 +476,24 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
                 if state in ("Healthy", "Unhealthy") and resource.startswith(CLAIM_PREFIX):
                     reported.add((resource, device))
         for key in ("state", "lastState"):
-            terminated = _mapping(_mapping(container_status.get(key)).get("terminated"))
+            terminated = as_mapping(as_mapping(container_status.get(key)).get("terminated"))
             exit_code = terminated.get("exitCode")
             if isinstance(exit_code, int) and exit_code != 0:
                 terminations.append(
-                    Termination(container, exit_code, _parse_time(terminated.get("finishedAt")))
+                    Termination(container, exit_code, parse_time(terminated.get("finishedAt")))
                 )
-        state = _mapping(container_status.get("state"))
-        running_since = _parse_time(_mapping(state.get("running")).get("startedAt"))
+        state = as_mapping(container_status.get("state"))
+        running_since = parse_time(as_mapping(state.get("running")).get("startedAt"))
         if running_since is not None:
             started.append(running_since)
-        crash_looping = crash_looping or _mapping(state.get("waiting")).get("reason") == "CrashLoopBackOff"
-    conditions = [_mapping(c) for c in status.get("conditions") or []]
+        crash_looping = crash_looping or as_mapping(state.get("waiting")).get("reason") == "CrashLoopBackOff"
+    conditions = [as_mapping(c) for c in status.get("conditions") or []]
     for condition in conditions:
         # The node agent's report, from the PodResources API: a device held but no longer allocatable.
         if condition.get("type") == holdings.CONDITION_TYPE and condition.get("status") == "False":
             lost = holdings.lost_devices(str(condition.get("message", "")))
             devices.extend(DeviceHealth(d.container, d.resource, d.device, "Unhealthy") for d in lost)
-    labels = _mapping(metadata.get("labels")) if owner_kind == "DaemonSet" else {}
+    labels = as_mapping(metadata.get("labels")) if owner_kind == "DaemonSet" else {}
     return PodFacts(
         namespace=namespace,
         name=name,
@@ -646,7 +502,7 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
         phase=str(status.get("phase") or "Pending"),
         deleting=metadata.get("deletionTimestamp") is not None,
         owner_kind=owner_kind,
-        mirror="kubernetes.io/config.mirror" in _mapping(metadata.get("annotations")),
+        mirror="kubernetes.io/config.mirror" in as_mapping(metadata.get("annotations")),
         requests=tuple(requests),
         labels={str(k): str(v) for k, v in labels.items()},
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
@@ -1234,22 +1090,22 @@ class OwnRule:
 
 def own_rule(raw: Mapping[str, Any]) -> OwnRule | None:
     """A DeviceTaintRule gpuguard created (its label, its name, its annotations); None for any other."""
-    metadata, spec = _mapping(raw.get("metadata")), _mapping(raw.get("spec"))
-    annotations = _mapping(metadata.get("annotations"))
+    metadata, spec = as_mapping(raw.get("metadata")), as_mapping(raw.get("spec"))
+    annotations = as_mapping(metadata.get("annotations"))
     name, node, device = (
         metadata.get("name"),
         annotations.get(RULE_NODE_ANNOTATION),
         annotations.get(RULE_DEVICE_ANNOTATION),
     )
     if (
-        _mapping(metadata.get("labels")).get(MANAGED_BY_LABEL) != MANAGED_BY
+        as_mapping(metadata.get("labels")).get(MANAGED_BY_LABEL) != MANAGED_BY
         or not isinstance(name, str)
         or not name.startswith(RULE_PREFIX)
         or not isinstance(node, str)
         or not isinstance(device, str)
     ):
         return None
-    effect = str(_mapping(spec.get("taint")).get("effect", ""))
+    effect = str(as_mapping(spec.get("taint")).get("effect", ""))
     return OwnRule(name, node, device, effect, str(metadata.get("resourceVersion", "")))
 
 
@@ -1796,17 +1652,6 @@ def _recover(
     if done and not left:
         return wanted, rest
     return wanted, replace(record, last_action="recover", last_action_at=now)
-
-
-def sightings_only(record: NodeRecord) -> bool:
-    """A record of nothing but when signals were first seen (and what is known of the node itself): the
-    controllers keep it in memory and do not write it to the node, so a signal that clears before it is
-    due (a kubelet or device-plugin restart, a reboot, a driver install) causes no write at all. A new
-    leader starts those clocks again: that delays an action, never hastens one."""
-    return (
-        replace(record, signals={}, clear_since=None, uid="", expected={}, acknowledged_at=None)
-        == NodeRecord()
-    )
 
 
 def _empty(record: NodeRecord) -> bool:
