@@ -2,6 +2,7 @@
 
 Re-exported here so that `webhook.policy.health` keeps working while `ladder` is cut at its seams."""
 
+from webhook.policy.health.fences import *  # noqa: F403
 from webhook.policy.health.ladder import *  # noqa: F403
 from webhook.policy.health.observed import *  # noqa: F403
 from webhook.policy.health.pods import *  # noqa: F403
