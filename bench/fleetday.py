@@ -62,8 +62,8 @@ from webhook.kube.informer import Informer, ListPage, listed_events
 from webhook.kube.queue import WorkQueue
 from webhook.kube.remediation import ConflictError, EvictionOutcome, NotFoundError, StoredState
 from webhook.metrics import Registry
-from webhook.policy import health, holdings
-from webhook.policy.health import RECORD_ANNOTATION, TAINT_KEY, NodeFacts, PodFacts
+from webhook.policy import health
+from webhook.policy.health import RECORD_ANNOTATION, TAINT_KEY, NodeFacts, PodFacts, holdings
 from webhook.policy.model import Policy, parse_policy, scaled_count
 
 JSON = dict[str, Any]

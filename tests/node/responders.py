@@ -34,7 +34,8 @@ from controlplane import (
 from webhook_harness import REPO_ROOT, metric_samples
 
 from webhook.kube.remediation import FIELD_MANAGER
-from webhook.policy import health, holdings
+from webhook.policy import health
+from webhook.policy.health import holdings
 
 from .images import BUSYBOX_IMAGE
 

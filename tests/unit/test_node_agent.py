@@ -15,8 +15,9 @@ from webhook.agent.podresources import WireError, decode_allocatable, decode_lis
 from webhook.kube.events import EventRecorder
 from webhook.kube.remediation import ConflictError
 from webhook.metrics import Registry
-from webhook.policy import health, holdings
-from webhook.policy.holdings import Condition, Holding, PodView
+from webhook.policy import health
+from webhook.policy.health import holdings
+from webhook.policy.health.holdings import Condition, Holding, PodView
 
 # --- protobuf, written out field by field as the kubelet sends it ------------------------------------
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from webhook.policy import holdings
+from webhook.policy.health import holdings
 from webhook.policy.health.record import (
     ACK_ANNOTATION,
     RECORD_ANNOTATION,
