@@ -5,6 +5,6 @@ Re-exported here so that `webhook.policy.health` keeps working while `ladder` is
 from webhook.policy.health.fences import *  # noqa: F403
 from webhook.policy.health.ladder import *  # noqa: F403
 from webhook.policy.health.observed import *  # noqa: F403
-from webhook.policy.health.pods import *  # noqa: F403
-from webhook.policy.health.record import *  # noqa: F403
+from webhook.policy.health.podverdicts import *  # noqa: F403
+from webhook.policy.health.records import *  # noqa: F403
 from webhook.policy.health.signals import *  # noqa: F403

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from webhook.policy.health.observed import TAINT_KEY, NodeFacts, device_id
-from webhook.policy.health.record import as_mapping
+from webhook.policy.health.records import as_mapping
 from webhook.policy.health.signals import Signal
 from webhook.policy.model import Policy
 

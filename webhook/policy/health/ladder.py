@@ -24,7 +24,7 @@ from webhook.policy.health.observed import (
     OwnCondition,
     PodFacts,
 )
-from webhook.policy.health.record import (
+from webhook.policy.health.records import (
     ACK_ANNOTATION,
     RECORD_ANNOTATION,
     NodeRecord,

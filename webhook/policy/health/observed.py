@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from webhook.policy.health import holdings
-from webhook.policy.health.record import (
+from webhook.policy.health.records import (
     ACK_ANNOTATION,
     RECORD_ANNOTATION,
     NodeRecord,

@@ -23,7 +23,7 @@ from webhook.policy.health.observed import (
     PodFacts,
     Taint,
 )
-from webhook.policy.health.record import NodeRecord
+from webhook.policy.health.records import NodeRecord
 from webhook.policy.model import HealthSignals, Policy
 
 EXCLUDE_LABEL = "gpuguard.io/exclude-from-remediation"
