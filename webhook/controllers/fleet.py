@@ -20,18 +20,7 @@ from typing import Protocol, TypeVar
 
 from webhook.kube.informer import Change
 from webhook.kube.remediation import StoredState
-from webhook.policy import health
-from webhook.policy.health import (
-    ClaimFacts,
-    HealthState,
-    NodeDevices,
-    NodeFacts,
-    NodePlan,
-    NodeRecord,
-    OwnRule,
-    PodFacts,
-    SliceFacts,
-)
+from webhook.policy.health import fences, ladder, observed, records, signals
 from webhook.policy.model import Policy
 
 _K = TypeVar("_K")
@@ -40,8 +29,8 @@ _K = TypeVar("_K")
 @dataclass(frozen=True)
 class Entry:
     pool: str
-    state: HealthState
-    record: NodeRecord | None
+    state: signals.HealthState
+    record: records.NodeRecord | None
     hands_off: str
     held: str
     # The last step taken or recorded, with its effect ("taint do", "drain would", ...).
@@ -54,12 +43,12 @@ class Ledger:
         self._pools: dict[str, str] = {}  # accelerator node -> pool
         self._pool_sizes: collections.Counter[str] = collections.Counter()
         self._entries: dict[str, Entry] = {}
-        self._memory: dict[str, NodeRecord] = {}
+        self._memory: dict[str, records.NodeRecord] = {}
         self._lock = threading.Lock()
 
-    def classify(self, node: NodeFacts, policy: Policy) -> None:
+    def classify(self, node: observed.NodeFacts, policy: Policy) -> None:
         """Counts the node in its pool when it is an accelerator node (what budgets are shares of)."""
-        pool = policy.health.pool_of(node.labels) if health.is_accelerator_node(node, policy) else None
+        pool = policy.health.pool_of(node.labels) if signals.is_accelerator_node(node, policy) else None
         with self._lock:
             self._unpool(node.name)
             if pool is not None:
@@ -77,14 +66,14 @@ class Ledger:
             self._entries.pop(name, None)
             self._memory.pop(name, None)
 
-    def seed(self, nodes: Iterable[NodeFacts], policy: Policy, now: datetime.datetime) -> None:
+    def seed(self, nodes: Iterable[observed.NodeFacts], policy: Policy, now: datetime.datetime) -> None:
         """Takes the records the nodes carry, before any reconcile decides on a budget: a new leader
         must count the nodes its predecessor acted on, those whose record was stripped or broken but
         that carry gpuguard's taint or condition included (`health.owned_record`)."""
         for node in nodes:
             self.classify(node, policy)
-            record, _ = health.owned_record(node, node.record, now)
-            if record != NodeRecord():
+            record, _ = ladder.owned_record(node, node.record, now)
+            if record != records.NodeRecord():
                 entry = Entry(policy.health.pool_of(node.labels), "unhealthy", record, "", "", "", None)
                 with self._lock:
                     self._entries[node.name] = entry
@@ -109,7 +98,7 @@ class Ledger:
         with self._lock:
             return sorted(name for name, entry in self._entries.items() if entry.held)
 
-    def memory(self, name: str) -> NodeRecord | None:
+    def memory(self, name: str) -> records.NodeRecord | None:
         with self._lock:
             return self._memory.get(name)
 
@@ -117,7 +106,7 @@ class Ledger:
         with self._lock:
             return self._entries.get(name)
 
-    def update(self, name: str, plan: NodePlan, *, persisted: bool, now: datetime.datetime) -> None:
+    def update(self, name: str, plan: ladder.NodePlan, *, persisted: bool, now: datetime.datetime) -> None:
         with self._lock:
             previous = self._entries.get(name)
             if plan.record is None and plan.assessment.state == "healthy":
@@ -141,7 +130,7 @@ class Ledger:
             else:
                 self._memory[name] = plan.record
 
-    def states(self) -> list[tuple[str, str, HealthState]]:
+    def states(self) -> list[tuple[str, str, signals.HealthState]]:
         """(node, pool, state) of every accelerator node."""
         with self._lock:
             return [
@@ -158,7 +147,7 @@ class PodIndex:
         self._node_of: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def changed(self, key: str, pod: PodFacts | None) -> tuple[str, ...]:
+    def changed(self, key: str, pod: observed.PodFacts | None) -> tuple[str, ...]:
         """Updates the index; the nodes whose pods changed (the old and the new node)."""
         node = pod.node if pod is not None else ""
         with self._lock:
@@ -186,20 +175,20 @@ class DraIndex:
     def __init__(self, fencing: Callable[[], bool] = lambda: True) -> None:
         # Whether DeviceTaintRules are served (`NodeDevices.fencing`).
         self.fencing = fencing
-        self._slices: dict[str, SliceFacts] = {}
+        self._slices: dict[str, observed.SliceFacts] = {}
         self._by_node: dict[str, set[str]] = collections.defaultdict(set)
         # (driver, pool) -> the nodes publishing it, and the claims allocated from it.
         self._pool_nodes: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
-        self._claims: dict[str, ClaimFacts] = {}
+        self._claims: dict[str, observed.ClaimFacts] = {}
         self._pool_claims: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
         # device id -> the claims allocated it; pod key -> the claims reserved for it.
         self._device_claims: dict[str, set[str]] = collections.defaultdict(set)
         self._pod_claims: dict[str, set[str]] = collections.defaultdict(set)
         # gpuguard's DeviceTaintRules by node, then by device.
-        self._rules: dict[str, dict[str, OwnRule]] = collections.defaultdict(dict)
+        self._rules: dict[str, dict[str, fences.OwnRule]] = collections.defaultdict(dict)
         self._lock = threading.Lock()
 
-    def slice_changed(self, change: Change[SliceFacts]) -> tuple[str, ...]:
+    def slice_changed(self, change: Change[observed.SliceFacts]) -> tuple[str, ...]:
         """Updates the index; the nodes whose devices may have changed."""
         name = str(change.key)
         with self._lock:
@@ -216,7 +205,7 @@ class DraIndex:
                 self._pool_nodes[(new.driver, new.pool)].add(new.node)
         return tuple(dict.fromkeys(piece.node for piece in (old, change.new) if piece is not None))
 
-    def claim_changed(self, change: Change[ClaimFacts]) -> tuple[str, ...]:
+    def claim_changed(self, change: Change[observed.ClaimFacts]) -> tuple[str, ...]:
         key = str(change.key)
         with self._lock:
             old = self._claims.pop(key, None)
@@ -238,7 +227,7 @@ class DraIndex:
             nodes = {node for pool in pools for node in self._pool_nodes.get(pool, ())}
         return tuple(sorted(nodes))
 
-    def rule_changed(self, change: Change[OwnRule]) -> tuple[str, ...]:
+    def rule_changed(self, change: Change[fences.OwnRule]) -> tuple[str, ...]:
         nodes = []
         with self._lock:
             for rule in (change.old, change.new):
@@ -252,7 +241,7 @@ class DraIndex:
                     del self._rules[node]
         return tuple(dict.fromkeys(nodes))
 
-    def rules_of(self, node: str) -> dict[str, OwnRule]:
+    def rules_of(self, node: str) -> dict[str, fences.OwnRule]:
         """gpuguard's DeviceTaintRules on the node's devices, by device id."""
         with self._lock:
             return dict(self._rules.get(node, {}))
@@ -272,31 +261,31 @@ class DraIndex:
             sorted({d for c in claims for d in _devices(c) if d in rules and rules[d].effect == effect})
         )
 
-    def joined(self, node: NodeFacts) -> NodeFacts:
+    def joined(self, node: observed.NodeFacts) -> observed.NodeFacts:
         """The node with the DRA devices its ResourceSlices publish (the Node says nothing of them)."""
-        return health.with_devices(node, self.devices_of(node.name))
+        return observed.with_devices(node, self.devices_of(node.name))
 
-    def devices_of(self, node: str) -> NodeDevices:
+    def devices_of(self, node: str) -> observed.NodeDevices:
         with self._lock:
             slices = [self._slices[name] for name in sorted(self._by_node.get(node, ()))]
             pools = {(piece.driver, piece.pool) for piece in slices}
             keys = {key for pool in pools for key in self._pool_claims.get(pool, ())}
             claims = [self._claims[key] for key in sorted(keys)]
             fenced = {device: rule.effect for device, rule in self._rules.get(node, {}).items()}
-        devices = health.node_devices(slices, claims) if slices else health.NO_DRA_DEVICES
+        devices = observed.node_devices(slices, claims) if slices else observed.NO_DRA_DEVICES
         fencing = self.fencing()
         return replace(devices, fenced=fenced, fencing=fencing) if fenced or not fencing else devices
 
 
-def _pools(claim: ClaimFacts | None) -> set[tuple[str, str]]:
+def _pools(claim: observed.ClaimFacts | None) -> set[tuple[str, str]]:
     return {(device.driver, device.pool) for device in claim.devices} if claim is not None else set()
 
 
-def _devices(claim: ClaimFacts | None) -> set[str]:
+def _devices(claim: observed.ClaimFacts | None) -> set[str]:
     return {device.id for device in claim.devices} if claim is not None else set()
 
 
-def _users(claim: ClaimFacts | None) -> set[str]:
+def _users(claim: observed.ClaimFacts | None) -> set[str]:
     return {f"{claim.namespace}/{pod}" for pod in claim.pods} if claim is not None else set()
 
 
@@ -358,7 +347,7 @@ class DeviceReports:
         self._by_uid: dict[str, frozenset[tuple[str, str]]] = {}
         self._lock = threading.Lock()
 
-    def observe(self, change: Change[PodFacts]) -> None:
+    def observe(self, change: Change[observed.PodFacts]) -> None:
         old, new = change.old, change.new
         with self._lock:
             if old is not None and (new is None or new.uid != old.uid):
@@ -366,11 +355,11 @@ class DeviceReports:
             if new is not None and new.reported:
                 self._by_uid[new.uid] = self._by_uid.get(new.uid, frozenset()) | new.reported
 
-    def of(self, pod: PodFacts) -> PodFacts:
+    def of(self, pod: observed.PodFacts) -> observed.PodFacts:
         """The pod as the verdicts read it: with what its earlier statuses reported."""
         with self._lock:
             earlier = self._by_uid.get(pod.uid, frozenset())
-        return health.with_reported(pod, earlier)
+        return observed.with_reported(pod, earlier)
 
 
 @dataclass(frozen=True)
@@ -571,7 +560,7 @@ class Breaker:
                 return
             self._log[key] = self._unwritten[key] = moment
 
-    def seed(self, nodes: Iterable[NodeFacts]) -> None:
+    def seed(self, nodes: Iterable[observed.NodeFacts]) -> None:
         """The nodes' records, before a new leader's first decision (what its predecessor had not yet
         written to the log)."""
         for node in nodes:
@@ -589,12 +578,12 @@ class Breaker:
                 known = self._state
                 if known.open:
                     return None
-                count = health.breaker_demand(self._log.values(), policy, now, known.closed_at)
-                allowed = health.breaker_allows(policy, fleet_nodes)
+                count = ladder.breaker_demand(self._log.values(), policy, now, known.closed_at)
+                allowed = ladder.breaker_allows(policy, fleet_nodes)
                 if count <= allowed:
                     self._would_open = ""
                     return None
-                since_close = health.breaker_counts_from(policy, now, known.closed_at) == known.closed_at
+                since_close = ladder.breaker_counts_from(policy, now, known.closed_at) == known.closed_at
                 reason = (
                     f"{count} of {fleet_nodes} accelerator nodes became due for remediation within "
                     f"{policy.health.circuitBreaker.windowSeconds} s"
@@ -615,7 +604,7 @@ class Breaker:
             with self._lock:
                 self._state = seen  # opened meanwhile by another leader, which said so
             return None
-        if not health.breaker_trips(log.values(), fleet_nodes, policy, now, seen.closed_at):
+        if not ladder.breaker_trips(log.values(), fleet_nodes, policy, now, seen.closed_at):
             return None  # an operator closed it after the decision: the close stands
         opened = BreakerState(True, now, reason, seen.closed_at, seen.closed_by).written()
         self._write(stored, opened, log, policy)
@@ -661,7 +650,7 @@ class Breaker:
         policy: Policy,
     ) -> None:
         """Writes the state and the log (what of it can still count) at the version read."""
-        start = health.breaker_counts_from(policy, self.clock(), state.closed_at)
+        start = ladder.breaker_counts_from(policy, self.clock(), state.closed_at)
         data = {key: value for key, value in stored.data.items() if key not in STATE_KEYS}
         data.update(state.to_data())
         data[DUE_LOG_KEY] = _log_text({key: moment for key, moment in log.items() if moment >= start})
@@ -688,7 +677,7 @@ class Breaker:
 
     def _prune(self, policy: Policy, now: datetime.datetime) -> None:
         """Forgets what can no longer count: before the window, or before the last close."""
-        start = health.breaker_counts_from(policy, now, self._state.closed_at)
+        start = ladder.breaker_counts_from(policy, now, self._state.closed_at)
         for log in (self._log, self._unwritten):
             for key in [key for key, moment in log.items() if moment < start]:
                 del log[key]

@@ -1,10 +1,9 @@
-"""Device health verdicts: plain node and pod facts in, what gpuguard should do about them out.
+"""The ladder: what gpuguard should do about a node (`plan_node`), and when to stop (the breaker).
 
-Nothing here reads a clock, a cache or the cluster: the controllers hand in the facts (converted from
-the API objects by `node_facts` and `pod_facts`), gpuguard's own record of the node, the fleet figures
-the budget needs and `now`, and get back a plan. The plan names the node state it wants (condition,
-taint, cordon, record) with every step's effect already decided by its mode, so the caller only writes
-the difference and records the steps.
+The controllers hand in the node's facts, its pods, gpuguard's own record of the node, the fleet
+figures the budget needs and `now`, and get back a plan. The plan names the node state it wants
+(condition, taint, cordon, record) with every step's effect already decided by its mode, so the
+caller only writes the difference and records the steps.
 
 Signals are timed from when gpuguard first saw them (kept in the record, on the node), never from a
 `lastTransitionTime`, which agents reset (karpenter#2833) or backdate.
