@@ -330,9 +330,9 @@ def test_failure_exits_on_a_node_without_a_gap_are_no_signal() -> None:
 
 
 def test_nodes_without_accelerators_or_outside_the_selector_are_never_assessed() -> None:
-    assert not signals.assess(node(capacity=None, allocatable=None), [], ENFORCE, NOW).accelerator
+    assert not signals.assess(node(capacity=None, allocatable=None), [], ENFORCE, NOW).in_scope
     selective = enforcing(nodeSelector={"matchLabels": {"team": "ml"}})
-    assert not signals.assess(node(allocatable=0), [], selective, NOW).accelerator
+    assert not signals.assess(node(allocatable=0), [], selective, NOW).in_scope
 
 
 # --- plans: the ladder -------------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def test_a_generation_not_yet_published_in_full_leaves_the_count_unknown() -> No
 
 def test_a_driver_taint_fails_its_device_after_for_seconds() -> None:
     facts = dra_node(sliced(taints=tainted(3)))
-    assert signals.is_accelerator_node(facts, ENFORCE)
+    assert signals.in_health_scope(facts, ENFORCE)
     first = ladder.plan_node(facts, [], ENFORCE, FREE, NOW)
     assert first.assessment.state == "suspect" and first.steps == ()
     (signal,) = first.assessment.signals
@@ -182,7 +182,7 @@ def test_every_device_tainted_reaches_the_drain_threshold() -> None:
 
 def test_devices_of_drivers_that_are_no_accelerators_are_not_watched() -> None:
     nic = dra_node(sliced(driver="rdma.example.com", taints=tainted(0)))
-    assert not signals.is_accelerator_node(nic, ENFORCE)
+    assert not signals.in_health_scope(nic, ENFORCE)
     plan = ladder.plan_node(nic, [], ENFORCE, FREE, later(3600))
     assert plan.assessment.signals == () and plan.record is None
 

@@ -147,7 +147,7 @@ def test_a_node_that_never_had_accelerator_capacity_has_nothing_to_lose(labels: 
     assert facts is not None
     claim_pod = pod(gpus=0, claims=["gpu"])
     plan = planned_twice(facts, [claim_pod], ENFORCE, 601)
-    assert plan.assessment.accelerator
+    assert plan.assessment.in_scope
     assert plan.assessment.signals == () and actions(plan) == [] and not plan.unschedulable
     assert not podverdicts.pod_verdict(claim_pod, ENFORCE, later(602), draining=plan.unschedulable).evict
 

@@ -239,7 +239,7 @@ def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datet
     lines = [
         f"Node:        {a.node}",
         f"Pool:        {a.pool or NONE}",
-        f"Accelerator: {'yes' if a.accelerator else 'no (not selected by the policy, or no accelerator resource or label)'}",
+        f"Accelerator: {'yes' if a.in_scope else 'no (not selected by the policy, or no accelerator resource or label)'}",
         f"Devices:     {_devices(plan)} (allocatable/capacity; a DRA driver's: not tainted/published)",
         f"State:       {_state(plan)}",
         "Signals:",

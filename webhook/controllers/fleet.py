@@ -48,7 +48,7 @@ class Ledger:
 
     def classify(self, node: observed.NodeFacts, policy: Policy) -> None:
         """Counts the node in its pool when it is an accelerator node (what budgets are shares of)."""
-        pool = policy.health.pool_of(node.labels) if signals.is_accelerator_node(node, policy) else None
+        pool = policy.health.pool_of(node.labels) if signals.in_health_scope(node, policy) else None
         with self._lock:
             self._unpool(node.name)
             if pool is not None:

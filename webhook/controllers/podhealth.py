@@ -150,7 +150,7 @@ class PodHealth:
             with self._lock:
                 self._attempts.pop(key, None)
             return Result(requeue_after=verdict.requeue_after)
-        if node is not None and not signals.is_accelerator_node(node, policy):
+        if node is not None and not signals.in_health_scope(node, policy):
             # Outside what gpuguard remediates (health.nodeSelector): not its pod to evict, nor to
             # speak of. Looked at again: the node may be relabelled into scope.
             return Result(requeue_after=ladder.HELD_RECHECK_SECONDS)

@@ -102,7 +102,7 @@ def plans(cluster: Cluster, policy: Policy, now: datetime.datetime) -> list[Row]
             breaker_open=cluster.breaker.open,
         )
         plan = ladder.plan_node(node, by_node.get(node.name, []), policy, fleet, now)
-        if plan.assessment.accelerator or plan.record is not None or plan.steps:
+        if plan.assessment.in_scope or plan.record is not None or plan.steps:
             found.append(Row(node, plan))
     return found
 

@@ -15,7 +15,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from webhook.policy import hostpaths, images, nodeaffinity
-from webhook.policy.facts import ClusterFacts, NodeInfo
+from webhook.policy.accelerators import is_accelerator_node
+from webhook.policy.facts import ClusterFacts
 from webhook.policy.model import (
     SYSTEM_PRIORITY_PREFIX,
     DriverCompatibility,
@@ -475,20 +476,12 @@ def _exempt_pod(workload: Workload) -> bool:
 # --- rule 6: accelerator-node guard (validating) ---------------------------------------------------------
 
 
-def is_accelerator_node(node: NodeInfo, policy: Policy) -> bool:
-    """A node carrying an accelerator label, or an accelerator resource in its capacity."""
-    accelerators = policy.accelerators
-    return any(key in node.labels for key in accelerators.nodeLabels) or any(
-        accelerators.is_accelerator_resource(name) for name in node.resources
-    )
-
-
 def accelerator_node_reasons(workload: Workload, policy: Policy, facts: ClusterFacts) -> list[str]:
     """Why the workload is bound for accelerator nodes; empty if it is not."""
     accelerators = policy.accelerators
     reasons = [f"requests {name}" for name in accelerator_requests(workload, accelerators, facts)]
     node = facts.nodes.get(str(workload.pod_spec.get("nodeName"))) if facts.nodes is not None else None
-    if node is not None and is_accelerator_node(node, policy):
+    if node is not None and is_accelerator_node(accelerators, labels=node.labels, resources=node.resources):
         reasons.append(f"nodeName {workload.pod_spec['nodeName']}")
     labels = set(accelerators.nodeLabels)
     selector = as_dict(workload.pod_spec.get("nodeSelector")) or {}

@@ -130,7 +130,7 @@ def plan_node(
         "drain": policy.health_mode("drain"),
     }
     keep = _Wanted(node.condition, node.tainted, node.unschedulable)
-    if not assessment.accelerator and assessment.state == "healthy":
+    if not assessment.in_scope and assessment.state == "healthy":
         return NodePlan(assessment, None, *keep.values(), (), "", "", None)
 
     hands_off = left_alone(node, policy)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from webhook.policy.accelerators import claim_counts, is_accelerator_node
 from webhook.policy.health.observed import (
     CLAIM_PREFIX,
     TAINT_KEY,
@@ -79,8 +80,8 @@ class Suppressed:
 class Assessment:
     node: str
     pool: str
-    # An accelerator node selected by the policy; the rest are never acted on.
-    accelerator: bool
+    # An accelerator node health.nodeSelector selects (`in_health_scope`); the rest are never acted on.
+    in_scope: bool
     signals: tuple[Signal, ...]
     suppressed: tuple[Suppressed, ...]
     # resource -> (allocatable, capacity), accelerator resources only; for a DRA driver, (devices not
@@ -97,18 +98,16 @@ class Assessment:
         return tuple(signal for signal in self.signals if signal.due(now))
 
 
-def is_accelerator_node(node: NodeFacts, policy: Policy) -> bool:
-    """Selected by health.nodeSelector, and carrying an accelerator resource (at any count, 0 included:
-    the kubelet writes 0 for a resource whose plugin went away) or an accelerator node label."""
+def in_health_scope(node: NodeFacts, policy: Policy) -> bool:
+    """An accelerator node (`is_accelerator_node`, as admission and the audit define it, with the
+    drivers of the node's ResourceSlices) that health.nodeSelector selects: the nodes the controllers
+    assess, count in their pools and act on."""
     if not policy.health.nodeSelector.matches(node.labels):
         return False
-    accelerators = policy.accelerators
-    if any(accelerators.is_accelerator_resource(name) for name in node.capacity):
-        return True
     drivers = {device.driver for device in node.dra.devices} | node.dra.updating
-    if any(accelerators.is_accelerator_driver(driver) for driver in drivers):
-        return True
-    return any(label in node.labels for label in accelerators.nodeLabels)
+    return is_accelerator_node(
+        policy.accelerators, labels=node.labels, resources=node.capacity, drivers=drivers
+    )
 
 
 def left_alone(node: NodeFacts, policy: Policy) -> str:
@@ -130,10 +129,11 @@ def left_alone(node: NodeFacts, policy: Policy) -> str:
 
 
 def _is_accelerator_request(name: str, policy: Policy) -> bool:
-    """An accelerator resource, or a resource claim (`claim:` names) when the policy counts claims."""
+    """An accelerator resource, or a resource claim (`claim:` names) that counts: the controllers do
+    not know what a claim asks for, so any claim when the policy counts claims."""
     accelerators = policy.accelerators
     return accelerators.is_accelerator_resource(name) or (
-        accelerators.resourceClaims and name.startswith(CLAIM_PREFIX)
+        name.startswith(CLAIM_PREFIX) and claim_counts(accelerators, None)
     )
 
 
@@ -217,7 +217,7 @@ def assess(
     health = policy.health
     signals_policy = health.signals
     accelerators = policy.accelerators
-    accelerator = is_accelerator_node(node, policy)
+    in_scope = in_health_scope(node, policy)
     capacities = {
         name: capacity
         for name, capacity in sorted(node.capacity.items())
@@ -246,12 +246,12 @@ def assess(
     # driver installs, its plugin Pending in init containers). Nothing there has failed yet.
     registered = any(capacity > 0 for capacity in capacities.values())
     starting = [] if registered else [pod for pod in plugins if pod.phase == "Pending"]
-    correlated = _correlated_failures(pods, policy, now) if accelerator else 0
+    correlated = _correlated_failures(pods, policy, now) if in_scope else 0
     live_pods = [pod for pod in pods if not pod.terminal and is_accelerator_pod(pod, policy)]
     dra = _dra_devices(node, policy)
     published = {device.id for devices in dra.values() for device in devices}
 
-    if accelerator:
+    if in_scope:
         gap_seconds = signals_policy.deviceGap.forSeconds
         for resource, (allocatable, capacity) in devices.items():
             if capacity <= 0 or allocatable >= capacity:
@@ -397,7 +397,7 @@ def assess(
     return Assessment(
         node=node.name,
         pool=health.pool_of(node.labels),
-        accelerator=accelerator,
+        in_scope=in_scope,
         signals=tuple(found),
         suppressed=tuple(suppressed),
         devices=devices,
