@@ -413,17 +413,7 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
     name, namespace = metadata.get("name"), metadata.get("namespace")
     if not isinstance(name, str) or not isinstance(namespace, str):
         return None
-    requests: dict[str, None] = {}
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        resources = as_mapping(as_mapping(container).get("resources"))
-        for kind in ("limits", "requests"):
-            requests.update(
-                (resource, None) for resource in as_mapping(resources.get(kind)) if "/" in resource
-            )
-    for claim in spec.get("resourceClaims") or []:
-        claim_name = as_mapping(claim).get("name")
-        if isinstance(claim_name, str):
-            requests[f"{CLAIM_PREFIX}{claim_name}"] = None
+    requests = _requests(spec)
     owners = [as_mapping(owner) for owner in metadata.get("ownerReferences") or []]
     owner_kind = next((str(o.get("kind", "")) for o in owners if o.get("controller") is True), "")
     if not requests and owner_kind != "DaemonSet":
@@ -436,17 +426,7 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
     crash_looping = False
     for container_status in statuses:
         container = str(container_status.get("name", ""))
-        for resource_status in container_status.get("allocatedResourcesStatus") or []:
-            resource = str(as_mapping(resource_status).get("name", ""))
-            for health in as_mapping(resource_status).get("resources") or []:
-                state = as_mapping(health).get("health")
-                device = str(as_mapping(health).get("resourceID", ""))
-                if state in ("Unhealthy", "Unknown"):
-                    devices.append(DeviceHealth(container, resource, device, state))
-                # Only DRA devices are ever Unknown (device plugins report Healthy or Unhealthy), so
-                # only they need remembering: kept small, as every pod's facts are in memory.
-                if state in ("Healthy", "Unhealthy") and resource.startswith(CLAIM_PREFIX):
-                    reported.add((resource, device))
+        _allocated_health(container, container_status, devices, reported)
         for key in ("state", "lastState"):
             terminated = as_mapping(as_mapping(container_status.get(key)).get("terminated"))
             exit_code = terminated.get("exitCode")
@@ -475,7 +455,7 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
         deleting=metadata.get("deletionTimestamp") is not None,
         owner_kind=owner_kind,
         mirror="kubernetes.io/config.mirror" in as_mapping(metadata.get("annotations")),
-        requests=tuple(requests),
+        requests=requests,
         labels={str(k): str(v) for k, v in labels.items()},
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         started_at=max(started, default=None),
@@ -487,6 +467,44 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
             c.get("type") == DISRUPTION_TARGET and c.get("status") == "True" for c in conditions
         ),
     )
+
+
+def _requests(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The extended resources (names with a "/") the pod's containers ask for, init containers first,
+    and claim:<name> for each resource claim it uses."""
+    requests: dict[str, None] = {}
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = as_mapping(as_mapping(container).get("resources"))
+        for kind in ("limits", "requests"):
+            requests.update(
+                (resource, None) for resource in as_mapping(resources.get(kind)) if "/" in resource
+            )
+    for claim in spec.get("resourceClaims") or []:
+        claim_name = as_mapping(claim).get("name")
+        if isinstance(claim_name, str):
+            requests[f"{CLAIM_PREFIX}{claim_name}"] = None
+    return tuple(requests)
+
+
+def _allocated_health(
+    container: str,
+    container_status: Mapping[str, Any],
+    devices: list[DeviceHealth],
+    reported: set[tuple[str, str]],
+) -> None:
+    """Adds a container's allocatedResourcesStatus to the pod's: its devices reported Unhealthy or
+    Unknown to `devices`, its DRA devices reported Healthy or Unhealthy to `reported`."""
+    for resource_status in container_status.get("allocatedResourcesStatus") or []:
+        resource = str(as_mapping(resource_status).get("name", ""))
+        for health in as_mapping(resource_status).get("resources") or []:
+            state = as_mapping(health).get("health")
+            device = str(as_mapping(health).get("resourceID", ""))
+            if state in ("Unhealthy", "Unknown"):
+                devices.append(DeviceHealth(container, resource, device, state))
+            # Only DRA devices are ever Unknown (device plugins report Healthy or Unhealthy), so
+            # only they need remembering: kept small, as every pod's facts are in memory.
+            if state in ("Healthy", "Unhealthy") and resource.startswith(CLAIM_PREFIX):
+                reported.add((resource, device))
 
 
 def with_devices(node: NodeFacts, devices: NodeDevices) -> NodeFacts:
