@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from webhook.policy.accelerators import claim_counts, is_accelerator_node
@@ -203,6 +203,38 @@ def _correlated_failures(pods: Iterable[PodFacts], policy: Policy, now: datetime
     return failures
 
 
+@dataclass
+class _Findings:
+    """What an assessment of one node finds: its signals, each timed from its first sighting in
+    gpuguard's record, and the shapes it suppresses."""
+
+    node: NodeFacts
+    record: NodeRecord
+    policy: Policy
+    now: datetime.datetime
+    signals: list[Signal] = field(default_factory=list)
+    suppressed: list[Suppressed] = field(default_factory=list)
+
+    def signal(
+        self,
+        key: str,
+        kind: SignalKind,
+        message: str,
+        for_seconds: float,
+        *,
+        continues: str = "",
+        **extra: Any,
+    ) -> None:
+        """A signal timed from its first sighting, or from that of the signal it `continues` (the same
+        failure seen another way), whichever came first."""
+        sightings = self.record.signals
+        since = min(sightings.get(key, self.now), sightings.get(continues, self.now))
+        self.signals.append(Signal(key, kind, message, for_seconds, since, **extra))
+
+    def suppress(self, kind: SignalKind, message: str) -> None:
+        self.suppressed.append(Suppressed(kind, message))
+
+
 def assess(
     node: NodeFacts,
     pods: Iterable[PodFacts],
@@ -214,14 +246,12 @@ def assess(
     ones a verdict reads); `record` is gpuguard's record (the node's annotation when None)."""
     record = record if record is not None else node.record or NodeRecord()
     pods = list(pods)
-    health = policy.health
-    signals_policy = health.signals
-    accelerators = policy.accelerators
+    signals_policy = policy.health.signals
     in_scope = in_health_scope(node, policy)
     capacities = {
         name: capacity
         for name, capacity in sorted(node.capacity.items())
-        if accelerators.is_accelerator_resource(name)
+        if policy.accelerators.is_accelerator_resource(name)
     }
     # Allocatable missing or unreadable beside a capacity: unknown, so no gap can be told.
     devices = {
@@ -229,121 +259,20 @@ def assess(
         for name, capacity in capacities.items()
         if name in node.allocatable
     }
-    found: list[Signal] = []
-    suppressed: list[Suppressed] = []
-
-    def signal(
-        key: str, kind: SignalKind, message: str, for_seconds: float, *, continues: str = "", **extra: Any
-    ) -> None:
-        """A signal timed from its first sighting, or from that of the signal it `continues` (the same
-        failure seen another way), whichever came first."""
-        since = min(record.signals.get(key, now), record.signals.get(continues, now))
-        found.append(Signal(key, kind, message, for_seconds, since, **extra))
-
-    plugins = _plugin_pods(pods, policy)
-    settled = _settled(plugins, policy, now)
-    # Bring-up: no accelerator capacity registered yet and the plugin has not started (a new node whose
-    # driver installs, its plugin Pending in init containers). Nothing there has failed yet.
-    registered = any(capacity > 0 for capacity in capacities.values())
-    starting = [] if registered else [pod for pod in plugins if pod.phase == "Pending"]
+    found = _Findings(node, record, policy, now)
     correlated = _correlated_failures(pods, policy, now) if in_scope else 0
     live_pods = [pod for pod in pods if not pod.terminal and is_accelerator_pod(pod, policy)]
     dra = _dra_devices(node, policy)
-    published = {device.id for devices in dra.values() for device in devices}
 
     if in_scope:
-        gap_seconds = signals_policy.deviceGap.forSeconds
-        for resource, (allocatable, capacity) in devices.items():
-            if capacity <= 0 or allocatable >= capacity:
-                continue
-            missing = capacity - allocatable
-            message = f"{resource}: {missing} of {capacity} devices unhealthy (allocatable {allocatable})"
-            if allocatable > 0 or settled:
-                confirm = ""
-                if correlated >= signals_policy.correlation.minFailures:
-                    confirm = f"{correlated} device-failure exits or crash loops on the node"
-                signal(
-                    f"deviceGap/{resource}",
-                    "deviceGap",
-                    message,
-                    gap_seconds,
-                    resource=resource,
-                    devices=missing,
-                    confirmed_by=confirm,
-                )
-            elif plugins:
-                # The plugin marks every device unhealthy while it is disconnected (a restart, an upgrade).
-                suppressed.append(Suppressed("deviceGap", f"{message}: the device plugin is restarting"))
-            else:
-                # No plugin pod to ask: a plugin this policy does not select, or one being replaced.
-                wait = max(gap_seconds, signals_policy.devicePlugin.capacityVanishedForSeconds)
-                signal(
-                    f"deviceGap/{resource}",
-                    "deviceGap",
-                    f"{message}; no device plugin pod seen",
-                    wait,
-                    resource=resource,
-                    devices=missing,
-                )
-        for resource, (capacity, expected) in missing_devices(node, record, policy).items():
-            # A device gone from capacity does not come back by itself: only a new node, a new layout
-            # or an operator's acknowledgement clears this. A failed device that a plugin restart stopped
-            # enumerating (8/7 became 7/7) is the same failure: its wait goes on from the gap's sighting.
-            # A DRA driver (a name without a "/") publishes its devices in ResourceSlices, and a device
-            # it tainted and then stopped publishing is the same failure too.
-            plugin = "/" in resource
-            shown = f"capacity {capacity}" if plugin else f"{capacity} in its ResourceSlices"
-            signal(
-                f"deviceMissing/{resource}",
-                "deviceMissing",
-                f"{resource}: {expected - capacity} of {expected} expected devices missing ({shown})",
-                gap_seconds,
-                continues=f"deviceGap/{resource}" if plugin else f"deviceTaint/{resource}",
-                resource=resource,
-                devices=expected - capacity,
-            )
-        # Vanished needs something that was there: the kubelet writes an explicit 0 for a resource whose
-        # plugin went away (or, after its own restart, until the plugin registers again). A node with an
-        # accelerator label and no accelerator resource at all (DRA, passthrough, no plugin by design)
-        # has no device-plugin capacity to lose.
-        if capacities and not registered:
-            if starting:
-                suppressed.append(
-                    Suppressed(
-                        "capacityVanished",
-                        f"no accelerator capacity registered yet: device plugin pod {starting[0].key} "
-                        "has not started (bring-up)",
-                    )
-                )
-            else:
-                signal(
-                    "capacityVanished",
-                    "capacityVanished",
-                    "no accelerator capacity reported",
-                    signals_policy.devicePlugin.capacityVanishedForSeconds,
-                    whole_node=True,
-                )
-        for pod in plugins:
-            if pod in starting:
-                suppressed.append(
-                    Suppressed(
-                        "devicePlugin",
-                        f"device plugin pod {pod.key} has not started on a node that never registered "
-                        "accelerator capacity (bring-up)",
-                    )
-                )
-            elif not pod.ready:
-                signal(
-                    "devicePlugin",
-                    "devicePlugin",
-                    f"device plugin pod {pod.key} is not Ready",
-                    signals_policy.devicePlugin.notReadyForSeconds,
-                    whole_node=True,
-                )
-                break
+        plugins = _plugin_pods(pods, policy)
+        settled = _settled(plugins, policy, now)
+        _gap_signals(found, devices, plugins, settled=settled, correlated=correlated)
+        _missing_signals(found)
+        _plugin_signals(found, capacities, plugins)
         for wanted in signals_policy.nodeConditions:
             if node.conditions.get(wanted.type) == wanted.status:
-                signal(
+                found.signal(
                     f"nodeCondition/{wanted.type}",
                     "nodeCondition",
                     f"{wanted.type}={wanted.status}",
@@ -351,62 +280,183 @@ def assess(
                     whole_node=True,
                 )
         for driver, driver_devices in sorted(dra.items()):
-            _dra_signals(driver, driver_devices, signals_policy, signal)
-        reports: list[tuple[Literal["Unhealthy", "Unknown"], SignalKind, int]] = [
-            ("Unhealthy", "podDevice", signals_policy.deviceGap.forSeconds)
-        ]
-        unknown_wait = signals_policy.podDeviceHealth.unknownForSeconds
-        if unknown_wait is not None:
-            reports.append(("Unknown", "podDeviceUnknown", unknown_wait))
-        for health_state, kind, wait in reports:
-            reported: dict[str, set[str]] = {}
-            for pod in live_pods:
-                for device in reported_devices(pod, policy, health_state, driver_settled=settled):
-                    reported.setdefault(device.resource, set()).add(device.device)
-            for resource, ids in sorted(reported.items()):
-                message = f"{resource}: {len(ids)} devices reported {health_state} by pods ({', '.join(sorted(ids))})"
-                # A claim's devices count for their driver's share of the node (the kubelet names a
-                # DRA device <driver>/<pool>/<device> when its driver gives no CDI name).
-                drivers = {driver for driver in dra if any(i.startswith(f"{driver}/") for i in ids)}
-                share_of = drivers.pop() if len(drivers) == 1 else resource
-                # Only an Unhealthy device is fenced: the device, not the pod, is what failed.
-                fenceable = tuple(sorted(ids & published)) if ids <= published and kind == "podDevice" else ()
-                signal(
-                    f"{kind}/{resource}",
-                    kind,
-                    message,
-                    wait,
-                    resource=share_of,
-                    devices=len(ids),
-                    device_ids=fenceable,
-                )
+            _dra_signals(driver, driver_devices, signals_policy, found.signal)
+        _pod_report_signals(found, live_pods, dra, settled=settled)
 
     devices.update(_dra_counts(dra, signals_policy))
-    due = [s for s in found if s.due(now)]
-    failed_share = _failed_share(due, devices)
-    holds_marks = _holds_marks(node, record)
-    state: HealthState
-    if due or (found and holds_marks):
-        state = "unhealthy"
-    elif found:
-        state = "suspect"
-    elif holds_marks:
-        state = "recovering"
-    else:
-        state = "healthy"
+    due = [s for s in found.signals if s.due(now)]
     return Assessment(
         node=node.name,
-        pool=health.pool_of(node.labels),
+        pool=policy.health.pool_of(node.labels),
         in_scope=in_scope,
-        signals=tuple(found),
-        suppressed=tuple(suppressed),
+        signals=tuple(found.signals),
+        suppressed=tuple(found.suppressed),
         devices=devices,
         correlated_failures=correlated,
-        state=state,
-        failed_share=failed_share,
+        state=_state(due, found.signals, _holds_marks(node, record)),
+        failed_share=_failed_share(due, devices),
         # Terminating pods still hold their devices until the kubelet ends them.
         drained=not any(_drain_evicts(pod, policy) for pod in live_pods),
     )
+
+
+def _gap_signals(
+    found: _Findings,
+    devices: Mapping[str, tuple[int, int]],
+    plugins: Sequence[PodFacts],
+    *,
+    settled: bool,
+    correlated: int,
+) -> None:
+    """Fewer devices allocatable than in capacity, unless the device plugin is restarting."""
+    signals_policy = found.policy.health.signals
+    gap_seconds = signals_policy.deviceGap.forSeconds
+    for resource, (allocatable, capacity) in devices.items():
+        if capacity <= 0 or allocatable >= capacity:
+            continue
+        missing = capacity - allocatable
+        message = f"{resource}: {missing} of {capacity} devices unhealthy (allocatable {allocatable})"
+        if allocatable > 0 or settled:
+            confirm = ""
+            if correlated >= signals_policy.correlation.minFailures:
+                confirm = f"{correlated} device-failure exits or crash loops on the node"
+            found.signal(
+                f"deviceGap/{resource}",
+                "deviceGap",
+                message,
+                gap_seconds,
+                resource=resource,
+                devices=missing,
+                confirmed_by=confirm,
+            )
+        elif plugins:
+            # The plugin marks every device unhealthy while it is disconnected (a restart, an upgrade).
+            found.suppress("deviceGap", f"{message}: the device plugin is restarting")
+        else:
+            # No plugin pod to ask: a plugin this policy does not select, or one being replaced.
+            wait = max(gap_seconds, signals_policy.devicePlugin.capacityVanishedForSeconds)
+            found.signal(
+                f"deviceGap/{resource}",
+                "deviceGap",
+                f"{message}; no device plugin pod seen",
+                wait,
+                resource=resource,
+                devices=missing,
+            )
+
+
+def _missing_signals(found: _Findings) -> None:
+    """Fewer devices than gpuguard saw on the node, or than the policy expects of it."""
+    gap_seconds = found.policy.health.signals.deviceGap.forSeconds
+    for resource, (capacity, expected) in missing_devices(found.node, found.record, found.policy).items():
+        # A device gone from capacity does not come back by itself: only a new node, a new layout
+        # or an operator's acknowledgement clears this. A failed device that a plugin restart stopped
+        # enumerating (8/7 became 7/7) is the same failure: its wait goes on from the gap's sighting.
+        # A DRA driver (a name without a "/") publishes its devices in ResourceSlices, and a device
+        # it tainted and then stopped publishing is the same failure too.
+        plugin = "/" in resource
+        shown = f"capacity {capacity}" if plugin else f"{capacity} in its ResourceSlices"
+        found.signal(
+            f"deviceMissing/{resource}",
+            "deviceMissing",
+            f"{resource}: {expected - capacity} of {expected} expected devices missing ({shown})",
+            gap_seconds,
+            continues=f"deviceGap/{resource}" if plugin else f"deviceTaint/{resource}",
+            resource=resource,
+            devices=expected - capacity,
+        )
+
+
+def _plugin_signals(found: _Findings, capacities: Mapping[str, int], plugins: Sequence[PodFacts]) -> None:
+    """Accelerator capacity gone to 0, or a device plugin not Ready; neither while the node comes up."""
+    plugin_policy = found.policy.health.signals.devicePlugin
+    # Bring-up: no accelerator capacity registered yet and the plugin has not started (a new node whose
+    # driver installs, its plugin Pending in init containers). Nothing there has failed yet.
+    registered = any(capacity > 0 for capacity in capacities.values())
+    starting = [] if registered else [pod for pod in plugins if pod.phase == "Pending"]
+    # Vanished needs something that was there: the kubelet writes an explicit 0 for a resource whose
+    # plugin went away (or, after its own restart, until the plugin registers again). A node with an
+    # accelerator label and no accelerator resource at all (DRA, passthrough, no plugin by design)
+    # has no device-plugin capacity to lose.
+    if capacities and not registered:
+        if starting:
+            found.suppress(
+                "capacityVanished",
+                f"no accelerator capacity registered yet: device plugin pod {starting[0].key} "
+                "has not started (bring-up)",
+            )
+        else:
+            found.signal(
+                "capacityVanished",
+                "capacityVanished",
+                "no accelerator capacity reported",
+                plugin_policy.capacityVanishedForSeconds,
+                whole_node=True,
+            )
+    for pod in plugins:
+        if pod in starting:
+            found.suppress(
+                "devicePlugin",
+                f"device plugin pod {pod.key} has not started on a node that never registered "
+                "accelerator capacity (bring-up)",
+            )
+        elif not pod.ready:
+            found.signal(
+                "devicePlugin",
+                "devicePlugin",
+                f"device plugin pod {pod.key} is not Ready",
+                plugin_policy.notReadyForSeconds,
+                whole_node=True,
+            )
+            break
+
+
+def _pod_report_signals(
+    found: _Findings, live_pods: Sequence[PodFacts], dra: Mapping[str, Sequence[DraDevice]], *, settled: bool
+) -> None:
+    """Devices the pods' statuses report Unhealthy (or Unknown, when the policy gives that a wait)."""
+    signals_policy = found.policy.health.signals
+    published = {device.id for devices in dra.values() for device in devices}
+    reports: list[tuple[Literal["Unhealthy", "Unknown"], SignalKind, int]] = [
+        ("Unhealthy", "podDevice", signals_policy.deviceGap.forSeconds)
+    ]
+    unknown_wait = signals_policy.podDeviceHealth.unknownForSeconds
+    if unknown_wait is not None:
+        reports.append(("Unknown", "podDeviceUnknown", unknown_wait))
+    for health_state, kind, wait in reports:
+        reported: dict[str, set[str]] = {}
+        for pod in live_pods:
+            for device in reported_devices(pod, found.policy, health_state, driver_settled=settled):
+                reported.setdefault(device.resource, set()).add(device.device)
+        for resource, ids in sorted(reported.items()):
+            message = (
+                f"{resource}: {len(ids)} devices reported {health_state} by pods ({', '.join(sorted(ids))})"
+            )
+            # A claim's devices count for their driver's share of the node (the kubelet names a
+            # DRA device <driver>/<pool>/<device> when its driver gives no CDI name).
+            drivers = {driver for driver in dra if any(i.startswith(f"{driver}/") for i in ids)}
+            share_of = drivers.pop() if len(drivers) == 1 else resource
+            # Only an Unhealthy device is fenced: the device, not the pod, is what failed.
+            fenceable = tuple(sorted(ids & published)) if ids <= published and kind == "podDevice" else ()
+            found.signal(
+                f"{kind}/{resource}",
+                kind,
+                message,
+                wait,
+                resource=share_of,
+                devices=len(ids),
+                device_ids=fenceable,
+            )
+
+
+def _state(due: Sequence[Signal], found: Sequence[Signal], holds_marks: bool) -> HealthState:
+    if due or (found and holds_marks):
+        return "unhealthy"
+    if found:
+        return "suspect"
+    if holds_marks:
+        return "recovering"
+    return "healthy"
 
 
 def _dra_devices(node: NodeFacts, policy: Policy) -> dict[str, list[DraDevice]]:
