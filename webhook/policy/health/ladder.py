@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 from webhook.policy.health.fences import DeviceFence, failed_devices, fence_effect
 from webhook.policy.health.observed import (
@@ -158,7 +158,7 @@ def plan_node(
                 "",
                 now,
                 change=node.tainted,
-                tainted=False,
+                then=replace(wanted, tainted=False),
                 mode_of="taint",
                 note="an operator uncordoned the node: gpuguard stops remediating it",
             )
@@ -176,18 +176,17 @@ def plan_node(
         device_only = bool(devices) and all(signal.device_ids for signal in due)
         effect = fence_effect(policy)
         if admitted and record.cancelled_at is None:
-            taint: dict[str, Any] = {
-                "change": not node.tainted,
-                "tainted": True,
-                "note": f"taint {TAINT_KEY}:NoSchedule: {summary}",
-            }
             if device_only:
                 ids = sorted(devices)
-                taint = {
-                    "change": dict(node.dra.fenced) != dict.fromkeys(ids, effect),
-                    "note": f"DeviceTaintRule {TAINT_KEY}:{effect} on {listed(ids)}: {summary}",
-                }
-            wanted, record = _step(ladder, wanted, record, "taint", modes, held, now, **taint)
+                change = dict(node.dra.fenced) != dict.fromkeys(ids, effect)
+                note = f"DeviceTaintRule {TAINT_KEY}:{effect} on {listed(ids)}: {summary}"
+                then = wanted
+            else:
+                change, note = not node.tainted, f"taint {TAINT_KEY}:NoSchedule: {summary}"
+                then = replace(wanted, tainted=True)
+            wanted, record = _step(
+                ladder, wanted, record, "taint", modes, held, now, change=change, note=note, then=then
+            )
             if (
                 record.draining_since is None
                 and assessment.failed_share * 100 >= health.actions.drain.threshold
@@ -203,7 +202,7 @@ def plan_node(
                     drain_held,
                     now,
                     change=True,
-                    unschedulable=True,
+                    then=replace(wanted, unschedulable=True),
                     note=f"cordon and evict accelerator pods: {_share(assessment)}",
                 )
                 # Only a drain done is recorded: one only said (audit) is said again, and when the
@@ -267,9 +266,6 @@ class _Wanted:
         return self.condition, self.tainted, self.unschedulable
 
 
-_UNSET: Any = object()
-
-
 def _step(
     steps: list[Step],
     wanted: _Wanted,
@@ -282,11 +278,10 @@ def _step(
     change: bool,
     note: str,
     mode_of: StepAction | None = None,
-    condition: Any = _UNSET,
-    tainted: Any = _UNSET,
-    unschedulable: Any = _UNSET,
+    then: _Wanted | None = None,
 ) -> tuple[_Wanted, NodeRecord]:
-    """One rung: nothing when it changes nothing or its mode is off; held, would, or done."""
+    """One rung: nothing when it changes nothing or its mode is off; held, would, or done, when the
+    node is wanted as `then` says (as it was, when None)."""
     mode = modes[mode_of or action]
     if not change or mode == "off":
         return wanted, record
@@ -297,12 +292,7 @@ def _step(
         steps.append(Step(action, "would", mode, note))
         return wanted, record
     steps.append(Step(action, "do", mode, note))
-    changes = {
-        name: value
-        for name, value in (("condition", condition), ("tainted", tainted), ("unschedulable", unschedulable))
-        if value is not _UNSET
-    }
-    return replace(wanted, **changes), replace(record, last_action=action, last_action_at=now)
+    return then if then is not None else wanted, replace(record, last_action=action, last_action_at=now)
 
 
 def _mark(
@@ -325,7 +315,7 @@ def _mark(
         hands_off,
         now,
         change=node.condition != condition,
-        condition=condition,
+        then=replace(wanted, condition=condition),
         note=condition.message,
     )
 
@@ -526,24 +516,28 @@ def _recover(
     """Undoes exactly gpuguard's marks: its condition, its taint, and the cordon only if it cordoned.
     Once they are gone the record is `rest`."""
     wanted = _Wanted(node.condition, node.tainted, node.unschedulable)
-    undo: list[tuple[StepAction, dict[str, Any]]] = []
+    undo: list[StepAction] = []
     if node.condition is not None:
-        undo.append(("condition", {"condition": None}))
+        undo.append("condition")
     if node.tainted:
-        undo.append(("taint", {"tainted": False}))
+        undo.append("taint")
     if record.cordoned and node.unschedulable:
-        undo.append(("drain", {"unschedulable": False}))
-    marks = ", ".join({"condition": "condition", "taint": "taint", "drain": "cordon"}[a] for a, _ in undo)
-    effects = [modes[action] for action, _ in undo if modes[action] != "off"]
+        undo.append("drain")
+    marks = ", ".join({"condition": "condition", "taint": "taint", "drain": "cordon"}[a] for a in undo)
+    effects = [modes[action] for action in undo if modes[action] != "off"]
     if not effects:
         return wanted, rest if not undo else record
     note = f"devices healthy again: removing gpuguard's {marks}"
     if hands_off:
         steps.append(Step("recover", "hold", effects[0], hands_off))
         return wanted, record
-    for action, change in undo:
-        if modes[action] == "enforce":
-            wanted = replace(wanted, **change)
+    # Each mark the node carries comes off where its step is enforced.
+    enforced = {action for action in undo if modes[action] == "enforce"}
+    wanted = _Wanted(
+        None if "condition" in enforced else node.condition,
+        False if "taint" in enforced else node.tainted,
+        False if "drain" in enforced else node.unschedulable,
+    )
     done = all(mode == "enforce" for mode in effects)
     effect: Effect = "do" if any(mode == "enforce" for mode in effects) else "would"
     steps.append(Step("recover", effect, "enforce" if effect == "do" else effects[0], note))
