@@ -224,15 +224,7 @@ def plan_node(
             record = replace(record, last_action=last[0], last_action_at=last[1])
         steps.extend(ladder)
     elif assessment.state == "recovering":
-        assert record.clear_since is not None
-        recover_at = record.clear_since + datetime.timedelta(seconds=health.recovery.afterSeconds)
-        escalated = _escalation(node, record, policy) if now >= recover_at else ""
-        if escalated:
-            condition = OwnCondition("False", "RepeatedFailures", escalated)
-            wanted, record = _mark(steps, wanted, record, node, condition, modes, hands_off, now)
-        elif now >= recover_at:
-            rest = _between_episodes(record, policy, now, remediated=True)
-            wanted, record = _recover(steps, node, record, rest, modes, hands_off, now)
+        wanted, record, escalated = _recovering(steps, wanted, record, node, policy, modes, hands_off, now)
     elif assessment.state == "healthy":
         record = _between_episodes(record, policy, now, remediated=False)
 
@@ -502,6 +494,33 @@ def _between_episodes(
         remediations=tuple(recent[-escalation.remediations :]) if escalation.remediations else (),
         acknowledged_at=record.acknowledged_at,
     )
+
+
+def _recovering(
+    steps: list[Step],
+    wanted: _Wanted,
+    record: NodeRecord,
+    node: NodeFacts,
+    policy: Policy,
+    modes: Mapping[StepAction, Mode],
+    hands_off: str,
+    now: datetime.datetime,
+) -> tuple[_Wanted, NodeRecord, str]:
+    """A node clear again: once recovery.afterSeconds have passed gpuguard's marks come off, unless the
+    node failed too often (escalation), when they stay with reason RepeatedFailures. The third value
+    says why they stay ("" otherwise)."""
+    assert record.clear_since is not None
+    recover_at = record.clear_since + datetime.timedelta(seconds=policy.health.recovery.afterSeconds)
+    if now < recover_at:
+        return wanted, record, ""
+    escalated = _escalation(node, record, policy)
+    if escalated:
+        condition = OwnCondition("False", "RepeatedFailures", escalated)
+        wanted, record = _mark(steps, wanted, record, node, condition, modes, hands_off, now)
+        return wanted, record, escalated
+    rest = _between_episodes(record, policy, now, remediated=True)
+    wanted, record = _recover(steps, node, record, rest, modes, hands_off, now)
+    return wanted, record, ""
 
 
 def _recover(
