@@ -35,6 +35,7 @@ from pydantic import (
 from webhook.policy import hostpaths, images, kinds
 from webhook.policy.errors import DNS_LABEL, DNS_SUBDOMAIN, describe_errors, yaml_problem
 from webhook.policy.loader import PolicyTextError, load_policy_yaml
+from webhook.policy.merge import over_default
 
 Mode = Literal["enforce", "warn", "audit", "off"]
 RuleId = Literal[
@@ -776,38 +777,6 @@ def _load_mapping(text: str) -> dict[str, Any]:
     return data
 
 
-def _overlay(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Mappings merge key by key; anything else (lists included) in `override` replaces the base value."""
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _overlay(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _merge_namespaces(default: list[Any], given: list[Any]) -> list[Any]:
-    """The given overrides first; the default ones stay for every namespace the given ones do not name.
-
-    Replacing the list whole, as for other lists, would silently drop the infrastructure exemptions
-    (kube-system, the GPU operator's namespaces) from a policy that only meant to add a team.
-    """
-    named = {
-        name
-        for entry in given
-        if isinstance(entry, dict) and isinstance(entry.get("names"), list)
-        for name in entry["names"]
-        if isinstance(name, str)
-    }
-    kept = []
-    for entry in default:
-        names = [name for name in entry.get("names", []) if name not in named]
-        if names or "selector" in entry:
-            kept.append({**entry, "names": names} if "names" in entry else entry)
-    return [*given, *kept]
-
-
 def parse_policy(text: str) -> Policy:
     """Parses and validates policy YAML over the embedded default; raises PolicyError naming the field.
 
@@ -815,9 +784,7 @@ def parse_policy(text: str) -> Policy:
     out takes its value from there.
     """
     default, given = _load_mapping(default_policy_text()), _load_mapping(text)
-    data = _overlay(default, given)
-    if isinstance(given.get("namespaces"), list):
-        data["namespaces"] = _merge_namespaces(default["namespaces"], given["namespaces"])
+    data = over_default(default, given)
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
