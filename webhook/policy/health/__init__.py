@@ -8,8 +8,8 @@ they observed and `now`, and get back a verdict. The modules, from the bottom up
   view), and the pod condition that reports them.
 - `observed`: the fields of Nodes, Pods, ResourceSlices and ResourceClaims the verdicts read, converted
   from the API objects.
-- `signals`: which signals a node shows, what state they put it in, and which nodes and pods are
-  accelerator ones.
+- `signals`: which signals a node shows, what state they put it in, and which nodes the controllers
+  look after.
 - `fences`: gpuguard's DeviceTaintRules, a failed DRA device fenced alone.
 - `ladder`: the plan for a node (condition, taint, cordon and drain, undone on recovery), its budget
   and the circuit breaker.

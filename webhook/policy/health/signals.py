@@ -3,8 +3,10 @@
 A signal is a failure seen one way (a device gap, a device gone, a plugin not Ready, a node
 condition, a DRA device taint or claim condition, devices pods report), timed from gpuguard's first
 sighting of it in the node's record; the shapes that look like failed devices and are not (a plugin
-restarting, a node coming up) are reported as suppressed, never acted on. Also here: which nodes and
-pods are accelerator ones, and when gpuguard leaves a node alone.
+restarting, a node coming up) are reported as suppressed, never acted on. Also here: which nodes the
+controllers look after (`in_health_scope`: accelerator nodes, as `webhook.policy.accelerators` defines
+them, that health.nodeSelector selects), which pods' requests are accelerator ones, and when gpuguard
+leaves a node alone.
 """
 
 from __future__ import annotations
