@@ -55,7 +55,7 @@ from bench import FLOOR_MISSED
 from webhook.agent.nodeagent import NodeAgent
 from webhook.agent.nodeagent import Options as AgentOptions
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker
+from webhook.controllers.breaker import Breaker
 from webhook.controllers.wiring import HealthControllers
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Informer, ListPage, listed_events

@@ -7,15 +7,8 @@ import datetime
 
 import pytest
 
-from webhook.controllers.fleet import (
-    DUE_LOG_BYTES,
-    DUE_LOG_KEY,
-    Breaker,
-    BreakerState,
-    EvictionRateLimits,
-    Ledger,
-    PodIndex,
-)
+from webhook.controllers.breaker import DUE_LOG_BYTES, DUE_LOG_KEY, Breaker, BreakerState
+from webhook.controllers.fleet import EvictionRateLimits, Ledger, PodIndex
 from webhook.kube.remediation import ConflictError, StoredState
 from webhook.policy.health import ladder, observed, records
 

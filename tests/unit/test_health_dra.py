@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from webhook.cli import nodes
-from webhook.controllers.fleet import BreakerState
+from webhook.controllers.breaker import BreakerState
 from webhook.controllers.report import Row
 from webhook.policy.health import fences, ladder, observed, podverdicts, records, signals
 

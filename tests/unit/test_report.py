@@ -6,7 +6,7 @@ import datetime
 
 from webhook.cli import nodes as cli_nodes
 from webhook.controllers import report
-from webhook.controllers.fleet import BreakerState
+from webhook.controllers.breaker import BreakerState
 from webhook.policy.health import observed, records
 
 from .builders import make_policy

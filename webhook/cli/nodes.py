@@ -26,7 +26,7 @@ from webhook.policy.health import fences, ladder, observed, records
 from webhook.policy.model import Policy, PolicyError
 
 if TYPE_CHECKING:
-    from webhook.controllers.fleet import BreakerState
+    from webhook.controllers.breaker import BreakerState
     from webhook.controllers.report import Row
     from webhook.kube.client import ApiClient
 

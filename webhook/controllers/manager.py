@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from webhook import probes
 from webhook.controllers import series
-from webhook.controllers.fleet import DUE_LOG_WRITE_SECONDS, disrupts
+from webhook.controllers.breaker import DUE_LOG_WRITE_SECONDS, disrupts
 from webhook.controllers.nodehealth import announce
 from webhook.controllers.wiring import HealthControllers
 from webhook.kube import facts, remediation

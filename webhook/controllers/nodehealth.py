@@ -20,7 +20,8 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, DraIndex, Ledger, PodIndex, Trip, disrupts
+from webhook.controllers.breaker import Breaker, Trip, disrupts
+from webhook.controllers.fleet import DeviceReports, DraIndex, Ledger, PodIndex
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, DraIndex, EvictionRateLimits, PodIndex, disrupts
+from webhook.controllers.breaker import Breaker, disrupts
+from webhook.controllers.fleet import DeviceReports, DraIndex, EvictionRateLimits, PodIndex
 from webhook.controllers.nodehealth import announce
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason

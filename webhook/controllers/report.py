@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from webhook.controllers.fleet import BreakerState, DraIndex, Ledger
+from webhook.controllers.breaker import BreakerState
+from webhook.controllers.fleet import DraIndex, Ledger
 from webhook.kube import remediation
 from webhook.kube.client import ApiClient
 from webhook.kube.informer import Change, ListWatch, NotServedError

@@ -11,15 +11,8 @@ import datetime
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from webhook.controllers.fleet import (
-    Breaker,
-    DeviceReports,
-    DraIndex,
-    EvictionRateLimits,
-    Ledger,
-    PodIndex,
-    StateStore,
-)
+from webhook.controllers.breaker import Breaker, StateStore
+from webhook.controllers.fleet import DeviceReports, DraIndex, EvictionRateLimits, Ledger, PodIndex
 from webhook.controllers.nodehealth import DeviceTaintRules, NodeHealth, NodeWrites
 from webhook.controllers.podhealth import Evictions, PodHealth
 from webhook.kube.events import EventRecorder
