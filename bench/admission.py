@@ -56,6 +56,7 @@ from bench.bench import (
 from webhook.certs.files import CA_FILE
 from webhook.policy.model import Accelerators, default_policy
 from webhook.policy.native import compile_policy
+from webhook.policy.workload import accelerator_resources
 
 REPO = Path(__file__).resolve().parents[1]
 # The end-to-end harness is the bench's too: the same control plane, deploy/ install and gpuguard replica.
@@ -136,12 +137,8 @@ def _pod_template(doc: JSON) -> JSON | None:
 def is_accelerator_pod(spec: JSON, accelerators: Accelerators) -> bool:
     """A container or init container asks for an accelerator extended resource (DRA claims aside: the
     bench creates no ResourceClaims, and the policy could not tell what a claim asks for)."""
-    for container in (*(spec.get("containers") or []), *(spec.get("initContainers") or [])):
-        resources = container.get("resources") or {}
-        names = [*(resources.get("limits") or {}), *(resources.get("requests") or {})]
-        if any(accelerators.is_accelerator_resource(name) for name in names):
-            return True
-    return False
+    containers = (*(spec.get("containers") or []), *(spec.get("initContainers") or []))
+    return any(accelerator_resources(container, accelerators) for container in containers)
 
 
 def bare_pod(source: str, template: JSON) -> JSON:

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -523,118 +523,171 @@ def _median_load(runs: list[Load]) -> Load:
     return sorted(runs, key=lambda load: load.p50_ms)[len(runs) // 2]
 
 
-def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
-    began = time.perf_counter()
-    busy_before, steal_before = busy_seconds()
-    own_before = own_seconds()
-    results = Results()
-    work = Path(tempfile.mkdtemp(prefix="gpuguard-bench-"))
-    certs = work / "certs"
-    gpuguard = str(Path(sys.executable).with_name("gpuguard"))
+class _Run:
+    """One run of the serving bench: its work directory (payloads, wrk scripts, certificates, logs), the
+    servers it starts and what it measures of them, phase by phase."""
 
-    bodies: dict[str, Path] = {}
-    scripts: dict[str, Path] = {}
+    # Set by `payloads` and `start_servers`.
+    policy_file: Path
+    main: Server
+    echo: Server
+    reviewing: Server
 
-    def prepare(key: str, review: dict[str, Any]) -> bytes:
+    def __init__(self, args: argparse.Namespace, say: Callable[[str], None]) -> None:
+        self.args, self.say = args, say
+        self.long, self.short, self.warm = args.duration, args.short, args.warmup
+        self.results = Results()
+        self.work = Path(tempfile.mkdtemp(prefix="gpuguard-bench-"))
+        self.certs = self.work / "certs"
+        self.gpuguard = str(Path(sys.executable).with_name("gpuguard"))
+        self.bodies: dict[str, Path] = {}
+        self.scripts: dict[str, Path] = {}
+        self.servers: list[Server] = []
+        # Peak RSS samples of gpuguard under load, over every measurement that takes them.
+        self.rss: list[float] = []
+
+    def prepare(self, key: str, review: dict[str, Any]) -> bytes:
         body = payloads.encoded(review)
-        bodies[key] = work / f"{len(bodies):02d}.json"
-        bodies[key].write_bytes(body)
-        scripts[key] = bodies[key].with_suffix(".lua")
-        scripts[key].write_text(WRK_SCRIPT.format(body=bodies[key]))
+        self.bodies[key] = self.work / f"{len(self.bodies):02d}.json"
+        self.bodies[key].write_bytes(body)
+        self.scripts[key] = self.bodies[key].with_suffix(".lua")
+        self.scripts[key].write_text(WRK_SCRIPT.format(body=self.bodies[key]))
         return body
 
-    reviews = {label: build() for label, build in payloads.PAYLOADS.items()}
-    encoded = {label: prepare(label, review) for label, review in reviews.items()}
-    say("review() in-process, each payload")
-    results.review_us = {label: in_process_review_us(body) for label, body in encoded.items()}
-    for kib in GROWTH_SIZES:
-        prepare(f"growth {kib}", payloads.sized_gpu_pod(kib * payloads.KIB))
-    policy_file = work / "policy-1000-namespaces.yaml"
-    policy_file.write_text(overrides_policy(OVERRIDES))
+    def payloads(self) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
+        """Every payload written out (the reviews, the growth sizes, the overrides policy), and each
+        review's in-process cost."""
+        reviews = {label: build() for label, build in payloads.PAYLOADS.items()}
+        encoded = {label: self.prepare(label, review) for label, review in reviews.items()}
+        self.say("review() in-process, each payload")
+        self.results.review_us = {label: in_process_review_us(body) for label, body in encoded.items()}
+        for kib in GROWTH_SIZES:
+            self.prepare(f"growth {kib}", payloads.sized_gpu_pod(kib * payloads.KIB))
+        self.policy_file = self.work / "policy-1000-namespaces.yaml"
+        self.policy_file.write_text(overrides_policy(OVERRIDES))
+        return reviews, encoded
 
-    def guard(name: str, *extra: str) -> Server:
+    def guard(self, name: str, *extra: str) -> Server:
         port = _free_port()
-        argv = [gpuguard, "serve", "--host", "127.0.0.1", "--port", str(port), "--cert-dir", str(certs)]
+        argv = [
+            self.gpuguard,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--cert-dir",
+            str(self.certs),
+        ]
         argv += ["--cluster-lookups", "off", *extra]  # the hot path alone, even when run inside a cluster
-        return Server(name, argv, port=port, ca=certs / "ca.crt", log=work / f"{name}.log")
+        return self.started(
+            Server(name, argv, port=port, ca=self.certs / "ca.crt", log=self.work / f"{name}.log")
+        )
 
-    servers: list[Server] = []
-    try:
-        say("first start (generates the certificates; not timed)")
-        first = guard("gpuguard-first")
-        servers.append(first)
+    def echo_server(self, name: str, *extra: str) -> Server:
+        port = _free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.echo",
+            "--port",
+            str(port),
+            "--cert-dir",
+            str(self.certs),
+            *extra,
+        ]
+        return self.started(
+            Server(name, argv, port=port, ca=self.certs / "ca.crt", log=self.work / f"{name}.log")
+        )
+
+    def started(self, server: Server) -> Server:
+        """The server, kept to be stopped at the end (its start is the caller's, to time it)."""
+        self.servers.append(server)
+        return server
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        if not self.args.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+        else:
+            self.say(f"kept {self.work}")
+
+    def saturate(self, server: Server, key: str, seconds: int) -> Load:
+        url, script = server.url("/mutate"), self.scripts[key]
+        wrk(url, script, connections=SATURATION_CONNECTIONS, seconds=self.warm)
+        cpu = server.cpu_seconds()
+        load = wrk(url, script, connections=SATURATION_CONNECTIONS, seconds=seconds)
+        return replace(load, server_cpu_s=server.cpu_seconds() - cpu)
+
+    def latency(self, server: Server, key: str, seconds: int) -> Load:
+        wrk(server.url("/mutate"), self.scripts[key], connections=1, seconds=self.warm)
+        return wrk(server.url("/mutate"), self.scripts[key], connections=1, seconds=seconds)
+
+    def at_rate(self, server: Server, label: str, seconds: int) -> Load:
+        with peak_rss(server.pid, self.rss if server is self.main else []):
+            return hey(
+                server.url("/mutate"), self.bodies[label], rate=RATE, workers=RATE_WORKERS, seconds=seconds
+            )
+
+    def start_servers(self) -> IdleConnection:
+        """gpuguard (started three times: its start-up), the echo and the echo answering through
+        review(); an idle connection to gpuguard, kept open for the whole run."""
+        results = self.results
+        self.say("first start (generates the certificates; not timed)")
+        first = self.guard("gpuguard-first")
         first.start()
         first.stop()
         for attempt in range(3):
-            server = guard("gpuguard")
-            servers.append(server)
+            server = self.guard("gpuguard")
             results.startup_s.append(server.start())
             if attempt < 2:
                 server.stop()
-        main = servers[-1]
+        self.main = self.servers[-1]
         time.sleep(0.5)
-        results.idle_rss_mb = rss_mb(main.pid)
-        idle = IdleConnection(main, API_SERVER_IDLE_S + 1)
-        say(
+        results.idle_rss_mb = rss_mb(self.main.pid)
+        idle = IdleConnection(self.main, API_SERVER_IDLE_S + 1)
+        self.say(
             f"gpuguard ready in {statistics.median(results.startup_s):.3f} s, idle RSS {results.idle_rss_mb:.1f} MB"
         )
-
-        def echo_server(name: str, *extra: str) -> Server:
-            port = _free_port()
-            argv = [sys.executable, "-m", "bench.echo", "--port", str(port), "--cert-dir", str(certs), *extra]
-            return Server(name, argv, port=port, ca=certs / "ca.crt", log=work / f"{name}.log")
-
-        echo = echo_server("echo")
-        servers.append(echo)
-        results.echo_startup_s = echo.start()
+        self.echo = self.echo_server("echo")
+        results.echo_startup_s = self.echo.start()
         time.sleep(0.5)
-        results.echo_idle_rss_mb = rss_mb(echo.pid)
+        results.echo_idle_rss_mb = rss_mb(self.echo.pid)
         # The echo answering through review() and nothing else: where serving would be with no shell.
-        reviewing = echo_server("echo-review", "--work", "review")
-        servers.append(reviewing)
-        reviewing.start()
+        self.reviewing = self.echo_server("echo-review", "--work", "review")
+        self.reviewing.start()
+        return idle
 
+    def check_answers(self, reviews: Mapping[str, dict[str, Any]], encoded: Mapping[str, bytes]) -> None:
         for label, review in reviews.items():
-            results.rows[label] = Row(
-                label, len(encoded[label]), patched=_check_answer(main, label, encoded[label], review)
+            self.results.rows[label] = Row(
+                label, len(encoded[label]), patched=_check_answer(self.main, label, encoded[label], review)
             )
         for kib in GROWTH_SIZES:
             _check_answer(
-                main,
+                self.main,
                 f"growth {kib}",
-                bodies[f"growth {kib}"].read_bytes(),
+                self.bodies[f"growth {kib}"].read_bytes(),
                 payloads.sized_gpu_pod(kib * 1024),
             )
 
-        long, short, warm = args.duration, args.short, args.warmup
-
-        def saturate(server: Server, key: str, seconds: int) -> Load:
-            wrk(server.url("/mutate"), scripts[key], connections=SATURATION_CONNECTIONS, seconds=warm)
-            cpu = server.cpu_seconds()
-            load = wrk(
-                server.url("/mutate"), scripts[key], connections=SATURATION_CONNECTIONS, seconds=seconds
-            )
-            return replace(load, server_cpu_s=server.cpu_seconds() - cpu)
-
-        def latency(server: Server, key: str, seconds: int) -> Load:
-            wrk(server.url("/mutate"), scripts[key], connections=1, seconds=warm)
-            return wrk(server.url("/mutate"), scripts[key], connections=1, seconds=seconds)
-
-        # The serving floor is a ratio, so the servers alternate: drift of the machine hits them alike.
-        say(f"saturation, {GPU_POD}: echo, echo + review() and gpuguard interleaved, 3 x {long} s each")
-        rss: list[float] = []
+    def serving_floor(self) -> None:
+        """The serving floor is a ratio, so the servers alternate: drift of the machine hits them alike."""
+        results, long = self.results, self.long
+        self.say(f"saturation, {GPU_POD}: echo, echo + review() and gpuguard interleaved, 3 x {long} s each")
         echo_runs, reviewing_runs, guard_runs = [], [], []
         noise: list[float] = []
 
         def saturation_runs() -> tuple[Load, Load, Load]:
-            echo_load = saturate(echo, GPU_POD, long)
-            reviewing_load = saturate(reviewing, GPU_POD, long)
-            with peak_rss(main.pid, rss):
-                return echo_load, reviewing_load, saturate(main, GPU_POD, long)
+            echo_load = self.saturate(self.echo, GPU_POD, long)
+            reviewing_load = self.saturate(self.reviewing, GPU_POD, long)
+            with peak_rss(self.main.pid, self.rss):
+                return echo_load, reviewing_load, self.saturate(self.main, GPU_POD, long)
 
         for _ in range(3):
             (echo_load, reviewing_load, guard_load), share = quietly(
-                servers, say, "saturation", saturation_runs
+                self.servers, self.say, "saturation", saturation_runs
             )
             echo_runs.append(echo_load)
             reviewing_runs.append(reviewing_load)
@@ -649,74 +702,94 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
         gpu.guard_cpu_us = statistics.median(load.cpu_us for load in guard_runs)
         results.reviewing_cpu_us = statistics.median(load.cpu_us for load in reviewing_runs)
 
-        def latency_pair() -> tuple[Load, Load]:
-            half = max(1, long // 2)
-            return latency(echo, GPU_POD, half), latency(main, GPU_POD, half)
+    def payload_saturation(self, label: str, row: Row) -> None:
+        self.say(f"saturation, {label}: {self.short} s each")
+        echo_load = self.saturate(self.echo, label, self.short)
+        with peak_rss(self.main.pid, self.rss):
+            guard_load = self.saturate(self.main, label, self.short)
+        row.echo_rps, row.echo_cpu_us = echo_load.rps, echo_load.cpu_us
+        row.guard_rps, row.guard_cpu_us = guard_load.rps, guard_load.cpu_us
 
-        def at_rate(server: Server, label: str, seconds: int) -> Load:
-            with peak_rss(server.pid, rss if server is main else []):
-                return hey(
-                    server.url("/mutate"), bodies[label], rate=RATE, workers=RATE_WORKERS, seconds=seconds
-                )
+    def payload_latency(self, label: str, row: Row, seconds: int) -> None:
+        if label != GPU_POD:
+            self.say(f"concurrency 1, {label}: {seconds} s each")
+            row.echo_c1 = self.latency(self.echo, label, seconds)
+            row.guard_c1 = self.latency(self.main, label, seconds)
+            return
+        half = max(1, self.long // 2)
+
+        def latency_pair() -> tuple[Load, Load]:
+            return self.latency(self.echo, GPU_POD, half), self.latency(self.main, GPU_POD, half)
+
+        # Tails are what other processes on the core spoil first: three interleaved pairs, and
+        # the median pair by gpuguard's p99, so one noisy stretch does not decide the floor.
+        self.say(f"concurrency 1, {label}: echo and gpuguard interleaved, 3 x {half} s each")
+        measured = [quietly(self.servers, self.say, "concurrency 1", latency_pair) for _ in range(3)]
+        row.echo_c1, row.guard_c1 = sorted((pair for pair, _ in measured), key=lambda pair: pair[1].p99_ms)[1]
+        self.results.noise["c1"] = max(share for _, share in measured)
+
+    def payload_rate(self, label: str, row: Row, seconds: int) -> None:
+        self.say(f"{RATE} req/s, {label}: {seconds} s" + (", then the echo" if label == GPU_POD else ""))
+        if label != GPU_POD:
+            row.rate = self.at_rate(self.main, label, seconds)
+            return
 
         def rate_pair() -> tuple[Load, Load]:
-            return at_rate(main, GPU_POD, long), at_rate(echo, GPU_POD, long)
+            return self.at_rate(self.main, GPU_POD, self.long), self.at_rate(self.echo, GPU_POD, self.long)
 
-        for label, row in results.rows.items():
+        (row.rate, self.results.echo_rate), self.results.noise["rate"] = quietly(
+            self.servers, self.say, f"{RATE} req/s", rate_pair
+        )
+
+    def payload_storm(self, label: str, row: Row, seconds: int) -> None:
+        self.say(f"{STORM_CONNECTIONS} connections, {label}: {seconds} s")
+        storm_rss: list[float] = []
+        with peak_rss(self.main.pid, storm_rss):
+            row.storm = wrk(
+                self.main.url("/mutate"), self.scripts[label], connections=STORM_CONNECTIONS, seconds=seconds
+            )
+        row.storm = replace(row.storm, rss_peak_mb=storm_rss[0])
+        self.rss += storm_rss
+
+    def each_payload(self) -> None:
+        for label, row in self.results.rows.items():
             if label != GPU_POD:
-                say(f"saturation, {label}: {short} s each")
-                echo_load = saturate(echo, label, short)
-                with peak_rss(main.pid, rss):
-                    guard_load = saturate(main, label, short)
-                row.echo_rps, row.echo_cpu_us = echo_load.rps, echo_load.cpu_us
-                row.guard_rps, row.guard_cpu_us = guard_load.rps, guard_load.cpu_us
-            seconds = long if label == GPU_POD else short
-            if label == GPU_POD:
-                # Tails are what other processes on the core spoil first: three interleaved pairs, and
-                # the median pair by gpuguard's p99, so one noisy stretch does not decide the floor.
-                say(f"concurrency 1, {label}: echo and gpuguard interleaved, 3 x {max(1, long // 2)} s each")
-                measured = [quietly(servers, say, "concurrency 1", latency_pair) for _ in range(3)]
-                row.echo_c1, row.guard_c1 = sorted(
-                    (pair for pair, _ in measured), key=lambda pair: pair[1].p99_ms
-                )[1]
-                results.noise["c1"] = max(share for _, share in measured)
-            else:
-                say(f"concurrency 1, {label}: {seconds} s each")
-                row.echo_c1 = latency(echo, label, seconds)
-                row.guard_c1 = latency(main, label, seconds)
+                self.payload_saturation(label, row)
+            seconds = self.long if label == GPU_POD else self.short
+            self.payload_latency(label, row, seconds)
             if label == BIG_POD:
                 continue  # 1,000 req/s of 1 MB is 1 GB/s: no API server sends that, the server cannot take it
-            say(f"{RATE} req/s, {label}: {seconds} s" + (", then the echo" if label == GPU_POD else ""))
-            if label == GPU_POD:
-                (row.rate, results.echo_rate), results.noise["rate"] = quietly(
-                    servers, say, f"{RATE} req/s", rate_pair
-                )
-            else:
-                row.rate = at_rate(main, label, seconds)
-            say(f"{STORM_CONNECTIONS} connections, {label}: {seconds} s")
-            storm_rss: list[float] = []
-            with peak_rss(main.pid, storm_rss):
-                row.storm = wrk(
-                    main.url("/mutate"), scripts[label], connections=STORM_CONNECTIONS, seconds=seconds
-                )
-            row.storm = replace(row.storm, rss_peak_mb=storm_rss[0])
-            rss += storm_rss
-        results.load_rss_mb = max(rss)
+            self.payload_rate(label, row, seconds)
+            self.payload_storm(label, row, seconds)
+        self.results.load_rss_mb = max(self.rss)
         echo_rss: list[float] = []
-        with peak_rss(echo.pid, echo_rss):
-            wrk(echo.url("/mutate"), scripts[GPU_POD], connections=STORM_CONNECTIONS, seconds=short)
-        results.echo_load_rss_mb = echo_rss[0]
+        with peak_rss(self.echo.pid, echo_rss):
+            wrk(
+                self.echo.url("/mutate"),
+                self.scripts[GPU_POD],
+                connections=STORM_CONNECTIONS,
+                seconds=self.short,
+            )
+        self.results.echo_load_rss_mb = echo_rss[0]
 
-        say(f"growth with object size, concurrency 1: {short} s per size")
+    def growth(self) -> None:
+        self.say(f"growth with object size, concurrency 1: {self.short} s per size")
         for kib in GROWTH_SIZES:
             key = f"growth {kib}"
-            results.growth.append(
-                (bodies[key].stat().st_size, latency(echo, key, short), latency(main, key, short))
+            self.results.growth.append(
+                (
+                    self.bodies[key].stat().st_size,
+                    self.latency(self.echo, key, self.short),
+                    self.latency(self.main, key, self.short),
+                )
             )
 
-        say(f"policy with {OVERRIDES} namespace overrides, concurrency 1, {GPU_POD}: 3 x {short} s each")
-        overrides = guard("gpuguard-overrides", "--policy", str(policy_file))
-        servers.append(overrides)
+    def namespace_overrides(
+        self, reviews: Mapping[str, dict[str, Any]], encoded: Mapping[str, bytes]
+    ) -> None:
+        results, short = self.results, self.short
+        self.say(f"policy with {OVERRIDES} namespace overrides, concurrency 1, {GPU_POD}: 3 x {short} s each")
+        overrides = self.guard("gpuguard-overrides", "--policy", str(self.policy_file))
         results.policy_startup_s = overrides.start()
         if (
             _check_answer(overrides, GPU_POD, encoded[GPU_POD], reviews[GPU_POD])
@@ -727,19 +800,29 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
         # Alternating, three each: of two runs `_median_load` took the slower, and one such run read the
         # overrides 1.23x slower, while five pairs side by side put them within 2% of the default.
         for _ in range(3):
-            default_runs.append(latency(main, GPU_POD, short))
-            override_runs.append(latency(overrides, GPU_POD, short))
+            default_runs.append(self.latency(self.main, GPU_POD, short))
+            override_runs.append(self.latency(overrides, GPU_POD, short))
         results.policy_default = _median_load(default_runs)
         results.policy_overrides = _median_load(override_runs)
 
-        results.keep_alive = idle.survived()
+
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
+    began = time.perf_counter()
+    busy_before, steal_before = busy_seconds()
+    own_before = own_seconds()
+    bench = _Run(args, say)
+    reviews, encoded = bench.payloads()
+    try:
+        idle = bench.start_servers()
+        bench.check_answers(reviews, encoded)
+        bench.serving_floor()
+        bench.each_payload()
+        bench.growth()
+        bench.namespace_overrides(reviews, encoded)
+        bench.results.keep_alive = idle.survived()
     finally:
-        for server in servers:
-            server.stop()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            say(f"kept {work}")
+        bench.stop()
+    results = bench.results
     results.seconds = time.perf_counter() - began
     busy_after, steal_after = busy_seconds()
     results.other_cpu_s = max(0.0, busy_after - busy_before - (own_seconds() - own_before))

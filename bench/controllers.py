@@ -44,7 +44,7 @@ from controlplane import LOOPBACK, ControlPlane, free_ports, http_get, spawn, wi
 
 from bench import FLOOR_MISSED  # noqa: E402
 from bench.bench import rss_mb  # noqa: E402
-from webhook.policy import health  # noqa: E402
+from webhook.policy.health import fences, observed, records  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 DRA_DRIVER = "gpu.example.com"
@@ -253,7 +253,7 @@ def node_ready(api: Api, index: int) -> None:
 
 def plugin_running(api: Api, index: int) -> None:
     """What the kubelet reports for a device plugin that has run for an hour: Running and Ready."""
-    started = health.format_time(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1))
+    started = records.format_time(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1))
     status = {
         "phase": "Running",
         "conditions": [{"type": "Ready", "status": "True"}],
@@ -329,7 +329,7 @@ def reaction(api: Api, node: str) -> float:
     dropped = time.monotonic()
     while True:
         spec = api.call("GET", f"/api/v1/nodes/{node}")["spec"]
-        if any(t["key"] == health.TAINT_KEY for t in spec.get("taints") or []):
+        if any(t["key"] == observed.TAINT_KEY for t in spec.get("taints") or []):
             return time.monotonic() - dropped
         if time.monotonic() - dropped > 30:
             raise TimeoutError(f"no taint on {node} within 30 s")
@@ -339,7 +339,7 @@ def reaction(api: Api, node: str) -> float:
 def dra_reaction(api: Api, node: str) -> float:
     """Seconds from the answered update of the node's slice that taints gpu-0 (a new pool generation,
     as a driver publishes it) to gpuguard's DeviceTaintRule for that device existing."""
-    rule = health.rule_name(f"{DRA_DRIVER}/{node}/gpu-0")
+    rule = fences.rule_name(f"{DRA_DRIVER}/{node}/gpu-0")
     path = f"{RESOURCE_API}/resourceslices/{node}-{DRA_DRIVER}"
     current = api.call("GET", path)
     updated = resource_slice(node, generation=2, tainted=0)

@@ -55,15 +55,14 @@ from bench import FLOOR_MISSED
 from webhook.agent.nodeagent import NodeAgent
 from webhook.agent.nodeagent import Options as AgentOptions
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker
+from webhook.controllers.breaker import Breaker
 from webhook.controllers.wiring import HealthControllers
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Informer, ListPage, listed_events
 from webhook.kube.queue import WorkQueue
 from webhook.kube.remediation import ConflictError, EvictionOutcome, NotFoundError, StoredState
 from webhook.metrics import Registry
-from webhook.policy import health, holdings
-from webhook.policy.health import RECORD_ANNOTATION, TAINT_KEY, NodeFacts, PodFacts
+from webhook.policy.health import holdings, ladder, observed, records
 from webhook.policy.model import Policy, parse_policy, scaled_count
 
 JSON = dict[str, Any]
@@ -72,7 +71,7 @@ DAY_SECONDS = 24 * 3600
 TICK_SECONDS = 1
 # How late after its signal's forSeconds a failure may be acted on: the longest a controller waits
 # before it looks at a node again without any object changing (a held node's recheck).
-RESYNC_SECONDS = health.HELD_RECHECK_SECONDS
+RESYNC_SECONDS = ladder.HELD_RECHECK_SECONDS
 START = datetime.datetime(2026, 3, 2, tzinfo=datetime.UTC)
 
 GPU = "nvidia.com/gpu"
@@ -145,7 +144,7 @@ class SimPod:
         if self.crash_looping:
             container["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
         elif self.started_at is not None and not self.pending:
-            container["state"] = {"running": {"startedAt": health.format_time(self.started_at)}}
+            container["state"] = {"running": {"startedAt": records.format_time(self.started_at)}}
         else:
             container["state"] = {"waiting": {"reason": "PodInitializing"}}
         spec: JSON = {"nodeName": self.node, "containers": [{"name": "main"}]}
@@ -469,9 +468,9 @@ class NodeApi:
         spec = patch.get("spec", {})
         why = node.own_condition["message"] if node.own_condition else ""
         if "taints" in spec:
-            was = any(t["key"] == TAINT_KEY for t in node.taints)
+            was = any(t["key"] == observed.TAINT_KEY for t in node.taints)
             node.taints = [dict(t) for t in spec["taints"]]
-            now = any(t["key"] == TAINT_KEY for t in node.taints)
+            now = any(t["key"] == observed.TAINT_KEY for t in node.taints)
             if was != now:
                 self.cluster.wrote("taint" if now else "untaint", name, name, why)
         if "unschedulable" in spec:
@@ -483,10 +482,10 @@ class NodeApi:
                 node.annotations.pop(key, None)
             else:
                 node.annotations[key] = value
-            if key == RECORD_ANNOTATION:
+            if key == records.RECORD_ANNOTATION:
                 self.cluster.wrote("record", name, name, value or "removed")
         result = self._changed(node)
-        if any(t["key"] == TAINT_KEY for t in node.taints):
+        if any(t["key"] == observed.TAINT_KEY for t in node.taints):
             for react in self.cluster.on_taint:
                 react(node)
         return result
@@ -646,13 +645,13 @@ class ClockedQueue(WorkQueue[str]):
         return self._dues[0] if self._dues else None
 
 
-def _node_item(raw: JSON) -> tuple[Hashable, NodeFacts] | None:
-    node = health.node_facts(raw)
+def _node_item(raw: JSON) -> tuple[Hashable, observed.NodeFacts] | None:
+    node = observed.node_facts(raw)
     return (node.name, node) if node is not None else None
 
 
-def _pod_item(raw: JSON) -> tuple[Hashable, PodFacts] | None:
-    pod = health.pod_facts(raw)
+def _pod_item(raw: JSON) -> tuple[Hashable, observed.PodFacts] | None:
+    pod = observed.pod_facts(raw)
     return (pod.key, pod) if pod is not None else None
 
 
@@ -678,10 +677,10 @@ class Replay:
         stop = threading.Event()
         self.events = WitnessedEvents(cluster, stop)
         self.registry = Registry()
-        self.nodes: Informer[NodeFacts] = Informer(
+        self.nodes: Informer[observed.NodeFacts] = Informer(
             "nodes", Listing(lambda: [n.raw() for n in cluster.nodes.values()]), _node_item, stop=stop
         )
-        self.pods: Informer[PodFacts] = Informer(
+        self.pods: Informer[observed.PodFacts] = Informer(
             "pods",
             Listing(lambda: [p.raw(cluster.nodes[n]) for p, n in cluster.pods.values()]),
             _pod_item,
@@ -1250,8 +1249,8 @@ class Day:
 
     def _check_budget(self, node: SimNode) -> None:
         pool_nodes = [n for n in self.cluster.nodes.values() if n.pool == node.pool]
-        tainted = sum(1 for n in pool_nodes if any(t["key"] == TAINT_KEY for t in n.taints))
-        if tainted > health.budget(self.policy, len(pool_nodes)):
+        tainted = sum(1 for n in pool_nodes if any(t["key"] == observed.TAINT_KEY for t in n.taints))
+        if tainted > ladder.budget(self.policy, len(pool_nodes)):
             self.over_budget += 1
 
     def run(self, seconds: int = DAY_SECONDS) -> list[dict[str, int]]:

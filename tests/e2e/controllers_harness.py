@@ -35,7 +35,7 @@ from controlplane import (
 )
 from webhook_harness import REPO_ROOT, metric_samples
 
-from webhook.policy import health
+from webhook.policy.health import fences, observed, records
 
 GPU = "nvidia.com/gpu"
 # The DRA driver the tests play (an accelerators.draDrivers name: gpu.*).
@@ -126,7 +126,7 @@ def _merged(base: JSON, override: Mapping[str, Any]) -> JSON:
 
 def now_text(seconds_ago: float = 0) -> str:
     moment = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds_ago)
-    return health.format_time(moment)
+    return records.format_time(moment)
 
 
 # --- the cluster ---------------------------------------------------------------------------------------
@@ -455,7 +455,7 @@ class Kubelet:
             "delete", "resourceslices", "-l", f"{TEST_LABEL}={self.test}", "--ignore-not-found", check=False
         )
         # gpuguard's rules are owned by their Node, and no garbage collector runs here.
-        own = f"{health.MANAGED_BY_LABEL}={health.MANAGED_BY}"
+        own = f"{fences.MANAGED_BY_LABEL}={fences.MANAGED_BY}"
         self.plane.kubectl("delete", "devicetaintrules", "-l", own, "--ignore-not-found", check=False)
         for node in self.nodes:
             self.plane.kubectl(
@@ -486,11 +486,11 @@ def taints(plane: ControlPlane, name: str) -> list[str]:
 
 def own_condition(plane: ControlPlane, name: str) -> JSON | None:
     conditions = node(plane, name)["status"].get("conditions") or []
-    return next((c for c in conditions if c["type"] == health.CONDITION_TYPE), None)
+    return next((c for c in conditions if c["type"] == observed.CONDITION_TYPE), None)
 
 
 def record(plane: ControlPlane, name: str) -> JSON | None:
-    text = (node(plane, name)["metadata"].get("annotations") or {}).get(health.RECORD_ANNOTATION)
+    text = (node(plane, name)["metadata"].get("annotations") or {}).get(records.RECORD_ANNOTATION)
     result: JSON | None = json.loads(text) if text else None
     return result
 

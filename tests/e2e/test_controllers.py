@@ -45,9 +45,9 @@ from webhook_harness import (
     wait_until_called,
 )
 
-from webhook.policy import health
+from webhook.policy.health import fences, observed, signals
 
-TAINT = f"{health.TAINT_KEY}:NoSchedule"
+TAINT = f"{observed.TAINT_KEY}:NoSchedule"
 STATE_CONFIGMAP = "gpuguard-remediation"
 
 Start = Callable[..., ControllersProcess]
@@ -371,14 +371,17 @@ def test_a_driver_taint_in_a_resource_slice_fences_that_device_alone_until_repub
     name = kubelet.node(f"{test_id}-a", capacity=None, plugin=False)
     kubelet.resource_slice(name, taints={3: [XID_79]})
     device = f"{DRA_DRIVER}/{name}/gpu-3"
-    rule_name = health.rule_name(device)
+    rule_name = fences.rule_name(device)
 
     eventually(
         lambda: rule_name in device_rules(cluster), what="the DeviceTaintRule", processes=[controllers]
     )
     rule = device_rules(cluster)[rule_name]
     assert rule["spec"]["deviceSelector"] == {"driver": DRA_DRIVER, "pool": name, "device": "gpu-3"}
-    assert (rule["spec"]["taint"]["key"], rule["spec"]["taint"]["effect"]) == (health.TAINT_KEY, "NoSchedule")
+    assert (rule["spec"]["taint"]["key"], rule["spec"]["taint"]["effect"]) == (
+        observed.TAINT_KEY,
+        "NoSchedule",
+    )
     assert rule["metadata"]["ownerReferences"][0]["name"] == name
     condition = own_condition(cluster, name)
     assert condition is not None and condition["status"] == "False"
@@ -404,7 +407,7 @@ def test_audit_mode_fences_a_failed_dra_device_with_a_none_rule_only(
     controllers = start(policy)
     name = kubelet.node(f"{test_id}-a", capacity=None, plugin=False)
     kubelet.resource_slice(name, taints={3: [XID_79]})
-    rule_name = health.rule_name(f"{DRA_DRIVER}/{name}/gpu-3")
+    rule_name = fences.rule_name(f"{DRA_DRIVER}/{name}/gpu-3")
     eventually(lambda: rule_name in device_rules(cluster), what="the None rule", processes=[controllers])
     assert device_rules(cluster)[rule_name]["spec"]["taint"]["effect"] == "None"
     eventually(
@@ -455,7 +458,7 @@ def test_the_pod_on_a_fenced_dra_device_is_removed_and_its_neighbour_on_the_same
     running_on_device(kubelet, ns, name, "neighbour", "gpu-4")
 
     kubelet.resource_slice(name, taints={3: [XID_79]})
-    rule_name = health.rule_name(f"{DRA_DRIVER}/{name}/gpu-3")
+    rule_name = fences.rule_name(f"{DRA_DRIVER}/{name}/gpu-3")
 
     def removed(pod: str) -> bool:
         return (
@@ -772,7 +775,7 @@ def test_an_excluded_node_gets_events_and_no_writes(
     cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str
 ) -> None:
     controllers = start(fast_policy(test_id))
-    excluded = kubelet.node(f"{test_id}-excluded", labels={health.EXCLUDE_LABEL: "true"})
+    excluded = kubelet.node(f"{test_id}-excluded", labels={signals.EXCLUDE_LABEL: "true"})
     kubelet.devices(excluded, capacity=8, allocatable=0)
     kubelet.device_plugin(excluded, ready=False)
     version = cluster.kubectl_json("get", "node", excluded)["metadata"]["resourceVersion"]

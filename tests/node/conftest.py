@@ -46,7 +46,7 @@ from webhook_harness import (
     wait_until_called,
 )
 
-from webhook.policy import health
+from webhook.policy.health import observed
 
 from .device_plugin import HEALTHY, FakeDevicePlugin
 from .images import build_images
@@ -123,7 +123,7 @@ QUIET_SECONDS = (
 )
 # The device-failure chain waits on real processes on a loaded machine: generous, never a timing assertion.
 PATIENCE = 120.0
-TAINT = f"{health.TAINT_KEY}:NoSchedule"
+TAINT = f"{observed.TAINT_KEY}:NoSchedule"
 
 
 def responders_policy() -> dict[str, Any]:

@@ -34,7 +34,7 @@ from controlplane import (
 from webhook_harness import REPO_ROOT, metric_samples
 
 from webhook.kube.remediation import FIELD_MANAGER
-from webhook.policy import health, holdings
+from webhook.policy.health import holdings, observed, records
 
 from .images import BUSYBOX_IMAGE
 
@@ -178,16 +178,16 @@ def gpuguard_marks(obj: Mapping[str, Any]) -> set[str]:
     }
     for condition in status.get("conditions") or []:
         kind = condition["type"]
-        if kind in (health.CONDITION_TYPE, holdings.CONDITION_TYPE) or (
+        if kind in (observed.CONDITION_TYPE, holdings.CONDITION_TYPE) or (
             kind == "DisruptionTarget" and condition.get("reason") == "EvictionByEvictionAPI"
         ):
             marks.add(
                 f"condition {kind}={condition['status']} ({condition.get('reason')}: {condition.get('message')})"
             )
     marks.update(
-        f"taint {t['key']}:{t['effect']}" for t in spec.get("taints") or [] if t["key"] == health.TAINT_KEY
+        f"taint {t['key']}:{t['effect']}" for t in spec.get("taints") or [] if t["key"] == observed.TAINT_KEY
     )
-    if record := (metadata.get("annotations") or {}).get(health.RECORD_ANNOTATION):
+    if record := (metadata.get("annotations") or {}).get(records.RECORD_ANNOTATION):
         marks.add(f"record {record}")
     if spec.get("unschedulable"):
         marks.add("cordoned")

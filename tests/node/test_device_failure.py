@@ -25,7 +25,7 @@ from controllers_harness import eventually, own_condition, record, taints
 from controlplane import ControlPlane
 from webhook_harness import gpu_job, gpu_pod, submit
 
-from webhook.policy import holdings
+from webhook.policy.health import holdings
 
 from .conftest import (
     DEVICES_PER_NODE,

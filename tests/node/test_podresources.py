@@ -16,8 +16,8 @@ from controlplane import wait_until
 from webhook_harness import gpu_pod, submit
 
 from webhook.agent.podresources import PodResourcesClient, decode_allocatable, decode_list
-from webhook.policy import holdings
-from webhook.policy.holdings import Holding
+from webhook.policy.health import holdings
+from webhook.policy.health.holdings import Holding
 
 from .conftest import NodeCluster, restore_health
 from .device_plugin import HEALTHY, UNHEALTHY, FakeDevicePlugin

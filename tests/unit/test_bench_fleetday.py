@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from bench import FLOOR_MISSED, fleetday
-from webhook.policy import health
+from webhook.policy.health import observed
 from webhook.policy.model import parse_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_a_device_gap_is_tainted_through_the_fake_api_and_a_replay_is_determinis
     day, writes = replayed()
     assert writes == replayed()[1]
     # The taint gpuguard sent is on the scripted node: the writes reach the objects and their watch.
-    assert any(t["key"] == health.TAINT_KEY for t in day.cluster.nodes["gpu-00001"].taints)
+    assert any(t["key"] == observed.TAINT_KEY for t in day.cluster.nodes["gpu-00001"].taints)
     assert day.replay.nodes.get("gpu-00001").tainted  # type: ignore[union-attr]
     times, missed = day.times_to_act()
     assert missed == [] and len(times) == 1

@@ -13,8 +13,7 @@ from typing import Any
 
 from webhook.controllers.fleet import DeviceReports
 from webhook.kube.informer import Change
-from webhook.policy import health
-from webhook.policy.health import PodFacts
+from webhook.policy.health import observed
 from webhook.policy.model import Policy
 
 from .builders import make_policy
@@ -36,8 +35,8 @@ def driver() -> dict[str, Any]:
     return raw_device_plugin(started=NOW - datetime.timedelta(hours=1))
 
 
-def facts(raw: dict[str, Any]) -> PodFacts:
-    converted = health.pod_facts(raw)
+def facts(raw: dict[str, Any]) -> observed.PodFacts:
+    converted = observed.pod_facts(raw)
     assert converted is not None
     return converted
 

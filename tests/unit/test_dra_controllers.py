@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from webhook.policy import health
+from webhook.policy.health import fences, observed
 
 from .builders import make_policy
 from .test_health import raw_node, raw_pod
@@ -60,7 +60,7 @@ def test_a_claim_condition_reaches_the_node_publishing_its_device() -> None:
     wired.node_health.reconcile("gpu-1")
     (_, status), _ = wired.writes.calls
     assert f"{DRIVER}/gpu-1/gpu-3 (XID79)" in status["status"]["conditions"][0]["message"]
-    assert status["status"]["conditions"][0]["type"] == health.CONDITION_TYPE
+    assert status["status"]["conditions"][0]["type"] == observed.CONDITION_TYPE
 
 
 GPU_3 = f"{DRIVER}/gpu-1/gpu-3"
@@ -68,7 +68,7 @@ GPU_3 = f"{DRIVER}/gpu-1/gpu-3"
 
 def own_rule(effect: str, *, device: str = GPU_3, version: str = "5") -> dict[str, Any]:
     driver, pool, name = device.split("/")
-    rule = health.rule_object(health.DeviceFence(driver, pool, name, "None"), "gpu-1", "uid-gpu-1")
+    rule = fences.rule_object(fences.DeviceFence(driver, pool, name, "None"), "gpu-1", "uid-gpu-1")
     rule["spec"]["taint"]["effect"] = effect
     rule["metadata"]["resourceVersion"] = version
     return rule
@@ -78,29 +78,29 @@ def test_a_failed_device_gets_its_own_rule_owned_by_its_node_and_the_node_no_tai
     wired = Wired(ENFORCE, [dra_node()], slices=[raw_slice(taints=tainted(3))])
     wired.node_health.reconcile("gpu-1")
     ((verb, body),) = wired.rules.calls
-    assert verb == "create" and body["metadata"]["name"] == health.rule_name(GPU_3)
+    assert verb == "create" and body["metadata"]["name"] == fences.rule_name(GPU_3)
     assert body["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": "gpu-1", "uid": "uid-gpu-1"}
     ]
     assert body["spec"] == {
         "deviceSelector": {"driver": DRIVER, "pool": "gpu-1", "device": "gpu-3"},
-        "taint": {"key": health.TAINT_KEY, "effect": "NoSchedule"},
+        "taint": {"key": observed.TAINT_KEY, "effect": "NoSchedule"},
     }
     (_, node_patch) = wired.writes.calls[-1]
     assert "taints" not in node_patch.get("spec", {})
     assert "NodeTainted" in wired.reasons()
     (note,) = [event["note"] for event in wired.sent if event["reason"] == "NodeTainted"]
-    assert note.startswith(f"DeviceTaintRule {health.TAINT_KEY}:NoSchedule on {GPU_3}: ")
+    assert note.startswith(f"DeviceTaintRule {observed.TAINT_KEY}:NoSchedule on {GPU_3}: ")
 
 
 def test_a_dry_run_rule_gets_its_effect_at_the_version_read_and_goes_once_the_device_recovers() -> None:
     wired = Wired(ENFORCE, [dra_node()], slices=[raw_slice(taints=tainted(3))], rules=[own_rule("None")])
     wired.node_health.reconcile("gpu-1")
-    assert wired.rules.calls == [("patch", (health.rule_name(GPU_3), "5", "NoSchedule"))]
+    assert wired.rules.calls == [("patch", (fences.rule_name(GPU_3), "5", "NoSchedule"))]
     wired.list_slices(raw_slice(generation=2))
     wired.rules.calls.clear()
     wired.node_health.reconcile("gpu-1")
-    assert wired.rules.calls == [("delete", (health.rule_name(GPU_3), "5"))]
+    assert wired.rules.calls == [("delete", (fences.rule_name(GPU_3), "5"))]
 
 
 def test_rules_gpuguard_did_not_create_are_never_read() -> None:
@@ -108,7 +108,7 @@ def test_rules_gpuguard_did_not_create_are_never_read() -> None:
     del theirs["metadata"]["labels"]
     renamed = own_rule("NoExecute")
     renamed["metadata"]["name"] = "admin-gpu-3"
-    assert health.own_rule(theirs) is None and health.own_rule(renamed) is None
+    assert fences.own_rule(theirs) is None and fences.own_rule(renamed) is None
     wired = Wired(ENFORCE, [dra_node()], slices=[raw_slice()], rules=[theirs, renamed])
     wired.node_health.reconcile("gpu-1")
     assert wired.rules.calls == []

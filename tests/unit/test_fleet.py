@@ -7,18 +7,10 @@ import datetime
 
 import pytest
 
-from webhook.controllers.fleet import (
-    DUE_LOG_BYTES,
-    DUE_LOG_KEY,
-    Breaker,
-    BreakerState,
-    EvictionRateLimits,
-    Ledger,
-    PodIndex,
-)
+from webhook.controllers.breaker import DUE_LOG_BYTES, DUE_LOG_KEY, Breaker, BreakerState
+from webhook.controllers.fleet import EvictionRateLimits, Ledger, PodIndex
 from webhook.kube.remediation import ConflictError, StoredState
-from webhook.policy import health
-from webhook.policy.health import Fleet, NodeFacts, NodeRecord, PodFacts
+from webhook.policy.health import ladder, observed, records
 
 from .builders import make_policy
 
@@ -26,8 +18,10 @@ NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 POLICY = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 0}}}})
 
 
-def gpu_node(name: str, pool: str, allocatable: int = 8, record: NodeRecord | None = None) -> NodeFacts:
-    return NodeFacts(
+def gpu_node(
+    name: str, pool: str, allocatable: int = 8, record: records.NodeRecord | None = None
+) -> observed.NodeFacts:
+    return observed.NodeFacts(
         name,
         labels={"karpenter.sh/nodepool": pool},
         capacity={"nvidia.com/gpu": 8},
@@ -40,7 +34,7 @@ def test_pools_count_accelerator_nodes_only_and_follow_relabelling() -> None:
     ledger = Ledger()
     ledger.classify(gpu_node("a", "p"), POLICY)
     ledger.classify(gpu_node("b", "p"), POLICY)
-    ledger.classify(NodeFacts("cpu", labels={"karpenter.sh/nodepool": "p"}), POLICY)
+    ledger.classify(observed.NodeFacts("cpu", labels={"karpenter.sh/nodepool": "p"}), POLICY)
     assert (ledger.pool_size("p"), ledger.fleet_size()) == (2, 2)
     ledger.classify(gpu_node("b", "q"), POLICY)
     assert (ledger.pool_size("p"), ledger.pool_size("q")) == (1, 1)
@@ -49,7 +43,7 @@ def test_pools_count_accelerator_nodes_only_and_follow_relabelling() -> None:
 
 
 def test_a_new_leader_counts_its_predecessors_nodes_before_deciding() -> None:
-    acted = NodeRecord(admitted_at=NOW, unhealthy_since=NOW)
+    acted = records.NodeRecord(admitted_at=NOW, unhealthy_since=NOW)
     ledger = Ledger()
     ledger.seed(
         [gpu_node("a", "p", allocatable=7, record=acted), gpu_node("b", "p"), gpu_node("c", "p")], POLICY, NOW
@@ -58,7 +52,7 @@ def test_a_new_leader_counts_its_predecessors_nodes_before_deciding() -> None:
 
 
 def test_a_new_leader_counts_a_node_carrying_gpuguards_taint_without_its_record() -> None:
-    tainted = (health.Taint(health.TAINT_KEY, "", "NoSchedule"),)
+    tainted = (observed.Taint(observed.TAINT_KEY, "", "NoSchedule"),)
     stripped = dataclasses.replace(gpu_node("a", "p", allocatable=7), taints=tainted)
     ledger = Ledger()
     ledger.seed([stripped, gpu_node("b", "p")], POLICY, NOW)
@@ -69,11 +63,13 @@ def test_plans_take_and_give_back_budget_places() -> None:
     ledger = Ledger()
     failing = gpu_node("a", "p", allocatable=7)
     ledger.classify(failing, POLICY)
-    plan = health.plan_node(failing, [], POLICY, Fleet(1, 0, False), NOW)
+    plan = ladder.plan_node(failing, [], POLICY, ladder.Fleet(1, 0, False), NOW)
     ledger.update("a", plan, persisted=True, now=NOW)
     assert ledger.admitted_in("p", excluding="x") == 1
     assert ledger.entry("a") is not None and ledger.entry("a").last_step == "taint do"  # type: ignore[union-attr]
-    healthy = health.plan_node(gpu_node("a", "p"), [], POLICY, Fleet(1, 0, False), NOW, NodeRecord())
+    healthy = ladder.plan_node(
+        gpu_node("a", "p"), [], POLICY, ladder.Fleet(1, 0, False), NOW, records.NodeRecord()
+    )
     ledger.update("a", healthy, persisted=True, now=NOW)
     assert ledger.admitted_in("p", excluding="x") == 0 and ledger.entry("a") is None
 
@@ -81,15 +77,15 @@ def test_plans_take_and_give_back_budget_places() -> None:
 def test_records_that_are_not_written_are_kept_in_memory() -> None:
     ledger = Ledger()
     failing = gpu_node("a", "p", allocatable=7)
-    plan = health.plan_node(failing, [], make_policy(), Fleet(1, 0, False), NOW)
+    plan = ladder.plan_node(failing, [], make_policy(), ladder.Fleet(1, 0, False), NOW)
     ledger.update("a", plan, persisted=False, now=NOW)
     assert ledger.memory("a") == plan.record
 
 
 def test_the_pod_index_follows_pods_between_nodes() -> None:
     index = PodIndex()
-    assert index.changed("ns/a", PodFacts("ns", "a", node="n1")) == ("n1",)
-    assert index.changed("ns/a", PodFacts("ns", "a", node="n2")) == ("n1", "n2")
+    assert index.changed("ns/a", observed.PodFacts("ns", "a", node="n1")) == ("n1",)
+    assert index.changed("ns/a", observed.PodFacts("ns", "a", node="n2")) == ("n1", "n2")
     assert (index.keys_on("n1"), index.keys_on("n2")) == ([], ["ns/a"])
     assert index.changed("ns/a", None) == ("n2",)
 
@@ -194,8 +190,14 @@ def test_a_new_leader_counts_what_the_old_one_logged_though_the_nodes_are_gone()
 
 def test_a_new_leader_reads_back_from_the_nodes_records_what_was_not_yet_written() -> None:
     breaker = Breaker(MemoryConfigMap(), lambda: NOW)
-    due = NodeRecord(unhealthy_since=later(-5))
-    breaker.seed([NodeFacts("a", uid="uid-a", record=due), NodeFacts("b", uid="uid-b"), gpu_node("c", "p")])
+    due = records.NodeRecord(unhealthy_since=later(-5))
+    breaker.seed(
+        [
+            observed.NodeFacts("a", uid="uid-a", record=due),
+            observed.NodeFacts("b", uid="uid-b"),
+            gpu_node("c", "p"),
+        ]
+    )
     assert list(breaker.logged()) == [("a", "uid-a")]
 
 

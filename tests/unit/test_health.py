@@ -12,19 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.policy import health
-from webhook.policy.health import (
-    CONDITION_TYPE,
-    EXCLUDE_LABEL,
-    RECORD_ANNOTATION,
-    TAINT_KEY,
-    Fleet,
-    NodeFacts,
-    NodePlan,
-    NodeRecord,
-    PodFacts,
-    Taint,
-)
+from webhook.policy.health import ladder, observed, podverdicts, records, signals
 from webhook.policy.model import Policy, PolicyError, parse_policy
 
 from .builders import make_policy
@@ -32,7 +20,7 @@ from .builders import make_policy
 JSON = dict[str, Any]
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 GPU = "nvidia.com/gpu"
-FREE = Fleet(pool_nodes=10, pool_admitted=0, breaker_open=False)
+FREE = ladder.Fleet(pool_nodes=10, pool_admitted=0, breaker_open=False)
 
 
 def later(seconds: float) -> datetime.datetime:
@@ -59,7 +47,7 @@ def raw_node(
     conditions: Sequence[JSON] = (),
     taints: Sequence[JSON] = (),
     unschedulable: bool = False,
-    record: NodeRecord | str | None = None,
+    record: records.NodeRecord | str | None = None,
 ) -> JSON:
     status: JSON = {"capacity": {"cpu": "32", "memory": "256Gi"}, "allocatable": {"cpu": "31"}}
     if capacity is not None:
@@ -75,15 +63,15 @@ def raw_node(
     }
     if record is not None:
         text = record if isinstance(record, str) else record.to_json()
-        metadata["annotations"] = {RECORD_ANNOTATION: text}
+        metadata["annotations"] = {records.RECORD_ANNOTATION: text}
     spec: JSON = {"taints": list(taints)}
     if unschedulable:
         spec["unschedulable"] = True
     return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "spec": spec, "status": status}
 
 
-def node(**kwargs: Any) -> NodeFacts:
-    facts = health.node_facts(raw_node(**kwargs))
+def node(**kwargs: Any) -> observed.NodeFacts:
+    facts = observed.node_facts(raw_node(**kwargs))
     assert facts is not None
     return facts
 
@@ -113,7 +101,7 @@ def raw_pod(
     spec: JSON = {"nodeName": node_name, "containers": [container]}
     if claims:
         spec["resourceClaims"] = [{"name": claim, "resourceClaimName": claim} for claim in claims]
-    state: JSON = {"running": {"startedAt": health.format_time(started or later(-3600))}}
+    state: JSON = {"running": {"startedAt": records.format_time(started or later(-3600))}}
     if waiting is not None:
         state = {"waiting": {"reason": waiting}}
     status: JSON = {
@@ -129,7 +117,7 @@ def raw_pod(
                 "name": "main",
                 "state": state,
                 "lastState": {
-                    "terminated": {"exitCode": exit_codes[0], "finishedAt": health.format_time(later(-60))}
+                    "terminated": {"exitCode": exit_codes[0], "finishedAt": records.format_time(later(-60))}
                 }
                 if exit_codes
                 else {},
@@ -149,7 +137,7 @@ def raw_pod(
     if owner is not None:
         metadata["ownerReferences"] = [{"kind": owner, "name": "owner", "controller": True, "uid": "o"}]
     if deleting:
-        metadata["deletionTimestamp"] = health.format_time(NOW)
+        metadata["deletionTimestamp"] = records.format_time(NOW)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
 
 
@@ -159,8 +147,8 @@ def _device(spec: tuple[str, str]) -> tuple[str, str, str]:
     return resource or GPU, device_id, state
 
 
-def pod(**kwargs: Any) -> PodFacts:
-    facts = health.pod_facts(raw_pod(**kwargs))
+def pod(**kwargs: Any) -> observed.PodFacts:
+    facts = observed.pod_facts(raw_pod(**kwargs))
     assert facts is not None
     return facts
 
@@ -180,28 +168,28 @@ def raw_device_plugin(
     )
 
 
-def device_plugin(*, ready: bool = True, started: datetime.datetime | None = None) -> PodFacts:
-    facts = health.pod_facts(raw_device_plugin(ready=ready, started=started))
+def device_plugin(*, ready: bool = True, started: datetime.datetime | None = None) -> observed.PodFacts:
+    facts = observed.pod_facts(raw_device_plugin(ready=ready, started=started))
     assert facts is not None
     return facts
 
 
-def applied(facts: NodeFacts, plan: NodePlan) -> NodeFacts:
+def applied(facts: observed.NodeFacts, plan: ladder.NodePlan) -> observed.NodeFacts:
     """The node after the caller wrote what the plan wants."""
-    taints = tuple(t for t in facts.taints if t.key != TAINT_KEY)
+    taints = tuple(t for t in facts.taints if t.key != observed.TAINT_KEY)
     if plan.tainted:
-        taints += (Taint(TAINT_KEY, "", "NoSchedule"),)
+        taints += (observed.Taint(observed.TAINT_KEY, "", "NoSchedule"),)
     return dataclasses.replace(
         facts, condition=plan.condition, taints=taints, unschedulable=plan.unschedulable, record=plan.record
     )
 
 
-def seen(seconds_ago: float, *keys: str, **extra: Any) -> NodeRecord:
+def seen(seconds_ago: float, *keys: str, **extra: Any) -> records.NodeRecord:
     """A record in which gpuguard first saw `keys` that long ago."""
-    return NodeRecord(signals={key: later(-seconds_ago) for key in keys}, **extra)
+    return records.NodeRecord(signals={key: later(-seconds_ago) for key in keys}, **extra)
 
 
-def actions(plan: NodePlan) -> list[tuple[str, str]]:
+def actions(plan: ladder.NodePlan) -> list[tuple[str, str]]:
     return [(step.action, step.effect) for step in plan.steps]
 
 
@@ -211,26 +199,26 @@ def actions(plan: NodePlan) -> list[tuple[str, str]]:
 def test_node_facts_keep_extended_resources_and_separate_gpuguards_condition() -> None:
     raw = raw_node(
         conditions=[
-            {"type": CONDITION_TYPE, "status": "False", "reason": "DevicesUnhealthy", "message": "m"}
+            {"type": observed.CONDITION_TYPE, "status": "False", "reason": "DevicesUnhealthy", "message": "m"}
         ],
-        taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}],
+        taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}],
     )
-    facts = health.node_facts(raw)
+    facts = observed.node_facts(raw)
     assert facts is not None
     assert facts.capacity == {GPU: 8} and facts.allocatable == {GPU: 8}
     assert facts.conditions == {"Ready": "True"}
-    assert facts.condition == health.OwnCondition("False", "DevicesUnhealthy", "m")
+    assert facts.condition == observed.OwnCondition("False", "DevicesUnhealthy", "m")
     assert facts.tainted and facts.resource_version == "7"
 
 
 def test_a_record_edited_by_hand_is_reported_and_treated_as_none() -> None:
     facts = node(record="{not json")
     assert facts.record is None
-    assert RECORD_ANNOTATION in facts.record_error
+    assert records.RECORD_ANNOTATION in facts.record_error
 
 
 def test_record_round_trips_through_its_annotation() -> None:
-    record = NodeRecord(
+    record = records.NodeRecord(
         signals={f"deviceGap/{GPU}": later(-30)},
         unhealthy_since=later(-10),
         admitted_at=later(-5),
@@ -239,12 +227,12 @@ def test_record_round_trips_through_its_annotation() -> None:
         last_action="drain",
         last_action_at=later(-5),
     )
-    assert NodeRecord.from_json(record.to_json()) == record
+    assert records.NodeRecord.from_json(record.to_json()) == record
 
 
 def test_pods_that_no_verdict_reads_are_not_kept() -> None:
-    assert health.pod_facts(raw_pod(gpus=0, owner="ReplicaSet")) is None
-    assert health.pod_facts(raw_pod(gpus=0, owner="DaemonSet")) is not None
+    assert observed.pod_facts(raw_pod(gpus=0, owner="ReplicaSet")) is None
+    assert observed.pod_facts(raw_pod(gpus=0, owner="DaemonSet")) is not None
     assert pod(gpus=0, owner=None, claims=["gpu"]).requests == ("claim:gpu",)
 
 
@@ -259,13 +247,13 @@ def test_pod_facts_read_device_health_exits_and_crash_loops() -> None:
 
 
 def test_a_device_gap_is_a_signal_that_acts_only_once_it_persisted() -> None:
-    fresh = health.assess(node(allocatable=7), [device_plugin()], AUDIT, NOW)
+    fresh = signals.assess(node(allocatable=7), [device_plugin()], AUDIT, NOW)
     assert fresh.state == "suspect"
     (signal,) = fresh.signals
     assert (signal.kind, signal.devices, signal.since) == ("deviceGap", 1, NOW)
 
     record = seen(300, f"deviceGap/{GPU}")
-    persisted = health.assess(node(allocatable=7), [device_plugin()], AUDIT, NOW, record)
+    persisted = signals.assess(node(allocatable=7), [device_plugin()], AUDIT, NOW, record)
     assert persisted.state == "unhealthy"
     assert persisted.failed_share == pytest.approx(1 / 8)
 
@@ -277,34 +265,34 @@ def test_a_device_gap_is_a_signal_that_acts_only_once_it_persisted() -> None:
         pytest.param(device_plugin(started=later(-20)), id="plugin-just-restarted"),
     ],
 )
-def test_allocatable_zero_while_the_plugin_restarts_is_not_a_gap(plugin: PodFacts) -> None:
+def test_allocatable_zero_while_the_plugin_restarts_is_not_a_gap(plugin: observed.PodFacts) -> None:
     record = seen(3600, f"deviceGap/{GPU}")
-    assessment = health.assess(node(allocatable=0), [plugin], ENFORCE, NOW, record)
+    assessment = signals.assess(node(allocatable=0), [plugin], ENFORCE, NOW, record)
     assert [s.kind for s in assessment.signals if s.kind == "deviceGap"] == []
     assert [s.kind for s in assessment.suppressed] == ["deviceGap"]
 
 
 def test_without_a_plugin_pod_to_ask_an_all_device_gap_waits_longer() -> None:
-    (signal,) = health.assess(node(allocatable=0), [], ENFORCE, NOW).signals
+    (signal,) = signals.assess(node(allocatable=0), [], ENFORCE, NOW).signals
     assert signal.for_seconds == ENFORCE.health.signals.devicePlugin.capacityVanishedForSeconds
 
 
 def test_a_kubelet_restart_reads_capacity_zero_and_waits_for_the_plugin() -> None:
     restarted = node(capacity=0, allocatable=0)
-    assessment = health.assess(restarted, [device_plugin()], ENFORCE, NOW)
+    assessment = signals.assess(restarted, [device_plugin()], ENFORCE, NOW)
     assert [s.kind for s in assessment.signals] == ["capacityVanished"]
     assert assessment.state == "suspect"
-    gone = health.assess(restarted, [device_plugin()], ENFORCE, later(601), assessment_record(assessment))
+    gone = signals.assess(restarted, [device_plugin()], ENFORCE, later(601), assessment_record(assessment))
     assert gone.state == "unhealthy" and gone.failed_share == 1.0
 
 
-def assessment_record(assessment: health.Assessment) -> NodeRecord:
-    return NodeRecord(signals={s.key: s.since for s in assessment.signals})
+def assessment_record(assessment: signals.Assessment) -> records.NodeRecord:
+    return records.NodeRecord(signals={s.key: s.since for s in assessment.signals})
 
 
 def test_a_plugin_not_ready_too_long_is_a_whole_node_signal() -> None:
     record = seen(301, "devicePlugin")
-    assessment = health.assess(node(), [device_plugin(ready=False)], ENFORCE, NOW, record)
+    assessment = signals.assess(node(), [device_plugin(ready=False)], ENFORCE, NOW, record)
     assert assessment.state == "unhealthy" and assessment.failed_share == 1.0
 
 
@@ -315,7 +303,7 @@ def test_node_conditions_are_timed_from_gpuguards_own_first_sight() -> None:
         "lastTransitionTime": "2020-01-01T00:00:00Z",
     }
     facts = node(conditions=[condition])
-    first = health.assess(facts, [device_plugin()], ENFORCE, NOW)
+    first = signals.assess(facts, [device_plugin()], ENFORCE, NOW)
     assert first.state == "suspect"  # the old lastTransitionTime does not make it due
     (signal,) = first.signals
     assert signal.since == NOW and signal.for_seconds == 600
@@ -323,13 +311,13 @@ def test_node_conditions_are_timed_from_gpuguards_own_first_sight() -> None:
 
 def test_devices_reported_unhealthy_by_pods_count_for_the_node() -> None:
     pods = [pod(devices=[("GPU-3", "Unhealthy")]), pod(name="other", devices=[("GPU-3", "Unhealthy")])]
-    (signal,) = health.assess(node(), [*pods, device_plugin()], ENFORCE, NOW).signals
+    (signal,) = signals.assess(node(), [*pods, device_plugin()], ENFORCE, NOW).signals
     assert (signal.kind, signal.devices) == ("podDevice", 1)
 
 
 def test_correlated_device_failure_exits_confirm_a_gap_at_once() -> None:
     pods = [pod(exit_codes=[74]), pod(name="b", waiting="CrashLoopBackOff")]
-    assessment = health.assess(node(allocatable=7), [*pods, device_plugin()], ENFORCE, NOW)
+    assessment = signals.assess(node(allocatable=7), [*pods, device_plugin()], ENFORCE, NOW)
     assert assessment.correlated_failures == 2
     assert assessment.state == "unhealthy"
     (signal,) = assessment.signals
@@ -338,13 +326,13 @@ def test_correlated_device_failure_exits_confirm_a_gap_at_once() -> None:
 
 def test_failure_exits_on_a_node_without_a_gap_are_no_signal() -> None:
     pods = [pod(exit_codes=[74]), pod(name="b", exit_codes=[75])]
-    assert health.assess(node(), [*pods, device_plugin()], ENFORCE, NOW).state == "healthy"
+    assert signals.assess(node(), [*pods, device_plugin()], ENFORCE, NOW).state == "healthy"
 
 
 def test_nodes_without_accelerators_or_outside_the_selector_are_never_assessed() -> None:
-    assert not health.assess(node(capacity=None, allocatable=None), [], ENFORCE, NOW).accelerator
+    assert not signals.assess(node(capacity=None, allocatable=None), [], ENFORCE, NOW).in_scope
     selective = enforcing(nodeSelector={"matchLabels": {"team": "ml"}})
-    assert not health.assess(node(allocatable=0), [], selective, NOW).accelerator
+    assert not signals.assess(node(allocatable=0), [], selective, NOW).in_scope
 
 
 # --- plans: the ladder -------------------------------------------------------------------------------
@@ -354,14 +342,14 @@ GAP = f"deviceGap/{GPU}"
 
 def test_audit_mode_says_what_it_would_do_and_wants_nothing_changed() -> None:
     facts = node(allocatable=7)
-    plan = health.plan_node(facts, [device_plugin()], AUDIT, FREE, NOW, seen(300, GAP))
+    plan = ladder.plan_node(facts, [device_plugin()], AUDIT, FREE, NOW, seen(300, GAP))
     assert actions(plan) == [("condition", "would"), ("taint", "would")]
     assert (plan.condition, plan.tainted, plan.unschedulable) == (None, False, False)
     assert plan.budget_slot()  # the budget counts what enforce would do
 
 
 def test_enforce_marks_the_node_and_taints_it() -> None:
-    plan = health.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
+    plan = ladder.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
     assert actions(plan) == [("condition", "do"), ("taint", "do")]
     assert plan.condition is not None and plan.condition.status == "False"
     assert "1 of 8 devices unhealthy" in plan.condition.message
@@ -370,7 +358,7 @@ def test_enforce_marks_the_node_and_taints_it() -> None:
 
 
 def test_a_gap_that_has_not_persisted_only_records_when_it_was_first_seen() -> None:
-    plan = health.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, FREE, NOW)
+    plan = ladder.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, FREE, NOW)
     assert plan.steps == ()
     assert plan.record is not None and plan.record.signals == {GAP: NOW}
     assert plan.requeue_after == 300
@@ -378,7 +366,7 @@ def test_a_gap_that_has_not_persisted_only_records_when_it_was_first_seen() -> N
 
 def test_all_devices_failed_cordons_and_drains() -> None:
     record = seen(400, "devicePlugin")
-    plan = health.plan_node(node(), [device_plugin(ready=False), pod()], ENFORCE, FREE, NOW, record)
+    plan = ladder.plan_node(node(), [device_plugin(ready=False), pod()], ENFORCE, FREE, NOW, record)
     assert actions(plan) == [("condition", "do"), ("taint", "do"), ("drain", "do")]
     assert plan.unschedulable
     assert plan.record is not None and plan.record.cordoned and plan.record.draining_since == NOW
@@ -386,7 +374,7 @@ def test_all_devices_failed_cordons_and_drains() -> None:
 
 
 def test_a_node_already_cordoned_by_someone_else_is_held() -> None:
-    plan = health.plan_node(
+    plan = ladder.plan_node(
         node(allocatable=7, unschedulable=True), [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP)
     )
     assert actions(plan) == [("condition", "do"), ("taint", "hold")]
@@ -396,13 +384,13 @@ def test_a_node_already_cordoned_by_someone_else_is_held() -> None:
 
 def test_a_node_someone_else_remediates_is_held() -> None:
     facts = node(allocatable=7, taints=[{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}])
-    plan = health.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
+    plan = ladder.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
     assert "karpenter.sh/disrupted" in plan.held and not plan.tainted
 
 
 def test_the_budget_holds_nodes_beyond_it_to_conditions_only() -> None:
-    full = Fleet(pool_nodes=4, pool_admitted=1, breaker_open=False)
-    plan = health.plan_node(
+    full = ladder.Fleet(pool_nodes=4, pool_admitted=1, breaker_open=False)
+    plan = ladder.plan_node(
         node(allocatable=7),
         [device_plugin()],
         enforcing(budget={"maxUnhealthy": "25%"}),
@@ -416,30 +404,30 @@ def test_the_budget_holds_nodes_beyond_it_to_conditions_only() -> None:
 
 
 def test_an_open_breaker_holds_new_nodes_and_new_drains_but_not_undoing() -> None:
-    tripped = Fleet(pool_nodes=10, pool_admitted=0, breaker_open=True)
-    new = health.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, tripped, NOW, seen(300, GAP))
+    tripped = ladder.Fleet(pool_nodes=10, pool_admitted=0, breaker_open=True)
+    new = ladder.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, tripped, NOW, seen(300, GAP))
     assert ("taint", "hold") in actions(new) and new.held == "circuit breaker open"
 
     admitted = seen(300, "devicePlugin", admitted_at=later(-10), unhealthy_since=later(-10))
-    tainted = node(taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}])
-    no_drain = health.plan_node(tainted, [device_plugin(ready=False)], ENFORCE, tripped, NOW, admitted)
+    tainted = node(taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}])
+    no_drain = ladder.plan_node(tainted, [device_plugin(ready=False)], ENFORCE, tripped, NOW, admitted)
     assert ("drain", "hold") in actions(no_drain) and not no_drain.unschedulable
 
     recovering = dataclasses.replace(admitted, signals={}, clear_since=later(-601))
-    undo = health.plan_node(tainted, [device_plugin()], ENFORCE, tripped, NOW, recovering)
+    undo = ladder.plan_node(tainted, [device_plugin()], ENFORCE, tripped, NOW, recovering)
     assert actions(undo) == [("recover", "do")] and not undo.tainted
 
 
 @pytest.mark.parametrize(
     ("policy", "labels"),
     [
-        pytest.param(ENFORCE, {EXCLUDE_LABEL: "true"}, id="excluded"),
+        pytest.param(ENFORCE, {signals.EXCLUDE_LABEL: "true"}, id="excluded"),
         pytest.param(enforcing(paused=True), {}, id="paused"),
     ],
 )
 def test_excluded_and_paused_nodes_are_left_alone(policy: Policy, labels: dict[str, str]) -> None:
     facts = node(allocatable=0, labels=labels)
-    plan = health.plan_node(facts, [device_plugin(ready=False)], policy, FREE, NOW, seen(400, "devicePlugin"))
+    plan = ladder.plan_node(facts, [device_plugin(ready=False)], policy, FREE, NOW, seen(400, "devicePlugin"))
     assert plan.hands_off
     assert {effect for _, effect in actions(plan)} == {"hold"}
     assert (plan.condition, plan.tainted, plan.unschedulable) == (None, False, False)
@@ -447,40 +435,42 @@ def test_excluded_and_paused_nodes_are_left_alone(policy: Policy, labels: dict[s
 
 def test_recovery_waits_then_undoes_exactly_gpuguards_marks() -> None:
     marks = node(
-        conditions=[{"type": CONDITION_TYPE, "status": "False", "reason": "Draining", "message": "m"}],
-        taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}, {"key": "team", "effect": "NoSchedule"}],
+        conditions=[
+            {"type": observed.CONDITION_TYPE, "status": "False", "reason": "Draining", "message": "m"}
+        ],
+        taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}, {"key": "team", "effect": "NoSchedule"}],
         unschedulable=True,
     )
-    record = NodeRecord(
+    record = records.NodeRecord(
         admitted_at=later(-900), cordoned=True, draining_since=later(-900), clear_since=later(-60)
     )
-    waiting = health.plan_node(marks, [device_plugin()], ENFORCE, FREE, NOW, record)
+    waiting = ladder.plan_node(marks, [device_plugin()], ENFORCE, FREE, NOW, record)
     assert waiting.steps == () and waiting.requeue_after == pytest.approx(540)
 
-    done = health.plan_node(marks, [device_plugin()], ENFORCE, FREE, later(540), record)
+    done = ladder.plan_node(marks, [device_plugin()], ENFORCE, FREE, later(540), record)
     assert actions(done) == [("recover", "do")]
     assert (done.condition, done.tainted, done.unschedulable, done.record) == (None, False, False, None)
     assert [t.key for t in applied(marks, done).taints] == ["team"]
 
 
 def test_a_recovery_that_may_only_be_said_is_not_said_again_in_a_loop() -> None:
-    marks = node(taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}])
-    record = NodeRecord(admitted_at=later(-900), clear_since=later(-900))
+    marks = node(taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}])
+    record = records.NodeRecord(admitted_at=later(-900), clear_since=later(-900))
     audited = enforcing(actions={"taint": {"mode": "audit"}})
-    plan = health.plan_node(marks, [device_plugin()], audited, FREE, NOW, record)
+    plan = ladder.plan_node(marks, [device_plugin()], audited, FREE, NOW, record)
     assert actions(plan) == [("recover", "would")] and plan.tainted
     assert plan.requeue_after is None
 
 
 def test_recovery_never_uncordons_what_an_operator_cordoned() -> None:
-    marks = node(taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}], unschedulable=True)
-    record = NodeRecord(admitted_at=later(-900), cordoned=False, clear_since=later(-900))
-    plan = health.plan_node(marks, [device_plugin()], ENFORCE, FREE, NOW, record)
+    marks = node(taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}], unschedulable=True)
+    record = records.NodeRecord(admitted_at=later(-900), cordoned=False, clear_since=later(-900))
+    plan = ladder.plan_node(marks, [device_plugin()], ENFORCE, FREE, NOW, record)
     assert not plan.tainted and plan.unschedulable
 
 
 def test_an_operator_uncordoning_a_drained_node_cancels_gpuguards_remediation() -> None:
-    tainted = node(taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}], unschedulable=False)
+    tainted = node(taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}], unschedulable=False)
     record = seen(
         900,
         "devicePlugin",
@@ -489,11 +479,11 @@ def test_an_operator_uncordoning_a_drained_node_cancels_gpuguards_remediation() 
         draining_since=later(-600),
         unhealthy_since=later(-600),
     )
-    plan = health.plan_node(tainted, [device_plugin(ready=False)], ENFORCE, FREE, NOW, record)
+    plan = ladder.plan_node(tainted, [device_plugin(ready=False)], ENFORCE, FREE, NOW, record)
     assert ("cancel", "do") in actions(plan)
     assert not plan.tainted and not plan.unschedulable
     assert plan.record is not None and plan.record.cancelled_at == NOW and plan.record.draining_since is None
-    again = health.plan_node(applied(tainted, plan), [device_plugin(ready=False)], ENFORCE, FREE, later(1))
+    again = ladder.plan_node(applied(tainted, plan), [device_plugin(ready=False)], ENFORCE, FREE, later(1))
     assert not again.tainted and not again.unschedulable
 
 
@@ -501,7 +491,7 @@ def test_off_does_nothing_at_all() -> None:
     off = enforcing(
         actions={"condition": {"mode": "off"}, "taint": {"mode": "off"}, "drain": {"mode": "off"}}
     )
-    plan = health.plan_node(
+    plan = ladder.plan_node(
         node(allocatable=0), [device_plugin(ready=False)], off, FREE, NOW, seen(400, "devicePlugin")
     )
     assert plan.steps == () and not plan.budget_slot()
@@ -516,12 +506,12 @@ def test_drained_once_no_accelerator_pod_is_left() -> None:
         draining_since=later(-60),
         unhealthy_since=later(-60),
     )
-    facts = node(taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}], unschedulable=True)
-    terminating = health.plan_node(
+    facts = node(taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}], unschedulable=True)
+    terminating = ladder.plan_node(
         facts, [device_plugin(ready=False), pod(deleting=True)], ENFORCE, FREE, NOW, record
     )
     assert terminating.condition is not None and terminating.condition.reason == "Draining"
-    gone = health.plan_node(facts, [device_plugin(ready=False)], ENFORCE, FREE, NOW, record)
+    gone = ladder.plan_node(facts, [device_plugin(ready=False)], ENFORCE, FREE, NOW, record)
     assert gone.condition is not None and gone.condition.reason == "Drained"
 
 
@@ -552,13 +542,13 @@ def test_a_plan_written_out_is_a_fixed_point(
     """Whatever the node, writing what the plan wants and planning again at the same moment asks for no
     further write: reconciles converge, and a requeue never repeats an action."""
     policy = with_modes(*modes)
-    fleet = Fleet(pool_nodes=4, pool_admitted=admitted, breaker_open=False)
+    fleet = ladder.Fleet(pool_nodes=4, pool_admitted=admitted, breaker_open=False)
     facts = node(allocatable=allocatable, unschedulable=unschedulable)
     plugins = [device_plugin(ready=plugin_ready)]
     record = seen(age, GAP, "devicePlugin", "capacityVanished")
-    first = health.plan_node(facts, plugins, policy, fleet, NOW, record)
+    first = ladder.plan_node(facts, plugins, policy, fleet, NOW, record)
     written = applied(facts, first)
-    second = health.plan_node(written, plugins, policy, fleet, NOW)
+    second = ladder.plan_node(written, plugins, policy, fleet, NOW)
     assert [s for s in second.steps if s.effect == "do"] == []
     assert (second.condition, second.tainted, second.unschedulable) == (
         written.condition,
@@ -574,16 +564,18 @@ def test_a_plan_written_out_is_a_fixed_point(
 
 def test_a_pod_on_an_unhealthy_device_is_evicted_and_its_neighbour_is_not() -> None:
     broken = pod(devices=[("GPU-1", "Unhealthy")])
-    verdict = health.pod_verdict(broken, ENFORCE, NOW)
+    verdict = podverdicts.pod_verdict(broken, ENFORCE, NOW)
     assert verdict.evict and verdict.reason == "DeviceUnhealthy" and "GPU-1" in verdict.message
-    assert not health.pod_verdict(pod(name="neighbour", devices=[("GPU-2", "Healthy")]), ENFORCE, NOW).evict
+    assert not podverdicts.pod_verdict(
+        pod(name="neighbour", devices=[("GPU-2", "Healthy")]), ENFORCE, NOW
+    ).evict
 
 
 def test_a_claim_device_counts_for_the_pod_that_holds_the_claim() -> None:
     claimed = pod(
         gpus=0, claims=["gpu"], devices=[("claim:gpu/req-0 gpu.nvidia.com/pool/gpu-0", "Unhealthy")]
     )
-    assert health.pod_verdict(claimed, ENFORCE, NOW).evict
+    assert podverdicts.pod_verdict(claimed, ENFORCE, NOW).evict
 
 
 @pytest.mark.parametrize(
@@ -598,17 +590,17 @@ def test_a_claim_device_counts_for_the_pod_that_holds_the_claim() -> None:
         pytest.param(pod(devices=[("example.com/fpga F-1", "Unhealthy")]), id="resource-not-held"),
     ],
 )
-def test_pods_that_are_not_evicted(facts: PodFacts) -> None:
-    assert not health.pod_verdict(facts, ENFORCE, NOW).evict
+def test_pods_that_are_not_evicted(facts: observed.PodFacts) -> None:
+    assert not podverdicts.pod_verdict(facts, ENFORCE, NOW).evict
 
 
 def test_a_drained_node_evicts_its_accelerator_pods() -> None:
-    assert health.pod_verdict(pod(), ENFORCE, NOW, draining=True).reason == "NodeDrain"
-    assert not health.pod_verdict(pod(gpus=0, owner="DaemonSet"), ENFORCE, NOW, draining=True).evict
+    assert podverdicts.pod_verdict(pod(), ENFORCE, NOW, draining=True).reason == "NodeDrain"
+    assert not podverdicts.pod_verdict(pod(gpus=0, owner="DaemonSet"), ENFORCE, NOW, draining=True).evict
 
 
 def test_refused_evictions_back_off_to_the_maximum() -> None:
-    delays = [health.eviction_retry_seconds(ENFORCE, attempt) for attempt in range(1, 7)]
+    delays = [podverdicts.eviction_retry_seconds(ENFORCE, attempt) for attempt in range(1, 7)]
     assert delays == [5, 10, 20, 40, 60, 60]
 
 
@@ -620,17 +612,17 @@ def test_refused_evictions_back_off_to_the_maximum() -> None:
     [("20%", 3, 1), ("20%", 10, 2), ("25%", 4, 1), ("0%", 10, 0), (2, 100, 2), ("100%", 7, 7)],
 )
 def test_the_budget_rounds_a_share_up(value: int | str, pool: int, expected: int) -> None:
-    assert health.budget(enforcing(budget={"maxUnhealthy": value}), pool) == expected
+    assert ladder.budget(enforcing(budget={"maxUnhealthy": value}), pool) == expected
 
 
 def test_the_breaker_trips_on_more_nodes_due_within_its_window_than_allowed() -> None:
     policy = enforcing(circuitBreaker={"maxNodes": 2, "windowSeconds": 600})
     recent = [later(-10), later(-20), later(-30)]
-    assert health.breaker_trips(recent, 4, policy, NOW)
-    assert not health.breaker_trips(recent[:2], 4, policy, NOW)
-    assert not health.breaker_trips([*recent[:2], later(-601)], 4, policy, NOW)
+    assert ladder.breaker_trips(recent, 4, policy, NOW)
+    assert not ladder.breaker_trips(recent[:2], 4, policy, NOW)
+    assert not ladder.breaker_trips([*recent[:2], later(-601)], 4, policy, NOW)
     # Nodes that were due before an operator closed the breaker do not trip it again.
-    assert not health.breaker_trips(recent, 4, policy, NOW, closed_at=later(-15))
+    assert not ladder.breaker_trips(recent, 4, policy, NOW, closed_at=later(-15))
 
 
 # --- the health: section of the policy ---------------------------------------------------------------

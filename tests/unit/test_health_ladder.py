@@ -15,17 +15,7 @@ from typing import Any
 
 import pytest
 
-from webhook.policy import health
-from webhook.policy.health import (
-    ACK_ANNOTATION,
-    CONDITION_TYPE,
-    RECORD_ANNOTATION,
-    TAINT_KEY,
-    Fleet,
-    NodeFacts,
-    NodePlan,
-    NodeRecord,
-)
+from webhook.policy.health import ladder, observed, records
 from webhook.policy.model import PolicyError, default_policy
 
 from .builders import make_policy
@@ -46,14 +36,14 @@ from .test_health import (
 
 GAP = f"deviceGap/{GPU}"
 MISSING = f"deviceMissing/{GPU}"
-TAINTED = {"key": TAINT_KEY, "effect": "NoSchedule"}
+TAINTED = {"key": observed.TAINT_KEY, "effect": "NoSchedule"}
 
 
-def actions(plan: NodePlan) -> list[tuple[str, str]]:
+def actions(plan: ladder.NodePlan) -> list[tuple[str, str]]:
     return [(step.action, step.effect) for step in plan.steps]
 
 
-def writes(facts: NodeFacts, plan: NodePlan) -> bool:
+def writes(facts: observed.NodeFacts, plan: ladder.NodePlan) -> bool:
     """Whether the controller would write anything to the node for this plan."""
     if plan.hands_off:
         return False
@@ -89,8 +79,8 @@ def test_a_node_that_does_not_answer_is_left_to_the_node_lifecycle_controller(
         node(**unanswering), conditions={"Ready": unanswering["conditions"][0]["status"]}
     )
     plugin = device_plugin(ready=False, started=later(-3600))
-    plan = health.plan_node(facts, [plugin], ENFORCE, FREE, NOW)
-    plan = health.plan_node(applied(facts, plan), [plugin], ENFORCE, FREE, later(301), plan.record)
+    plan = ladder.plan_node(facts, [plugin], ENFORCE, FREE, NOW)
+    plan = ladder.plan_node(applied(facts, plan), [plugin], ENFORCE, FREE, later(301), plan.record)
     assert "node lifecycle controller" in plan.hands_off
     assert {effect for _, effect in actions(plan)} <= {"hold"}
     assert (plan.condition, plan.tainted, plan.unschedulable) == (None, False, False)
@@ -100,23 +90,23 @@ def test_a_node_that_does_not_answer_is_left_to_the_node_lifecycle_controller(
     assert plan.requeue_after is None
 
     # Back: the plugin's clock starts again from now, not from when the node stopped answering.
-    back = health.plan_node(node(), [plugin], ENFORCE, FREE, later(302), plan.record)
+    back = ladder.plan_node(node(), [plugin], ENFORCE, FREE, later(302), plan.record)
     assert not back.hands_off and back.assessment.state == "suspect"
 
 
 def test_a_node_someone_else_cordoned_is_held_and_never_due() -> None:
     facts = node(allocatable=7, unschedulable=True)
-    plan = health.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
+    plan = ladder.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
     assert "cordoned by someone else" in plan.held and not plan.tainted
     assert not plan.became_due and plan.record is not None and plan.record.unhealthy_since is None
     given_back = dataclasses.replace(applied(facts, plan), unschedulable=False)
-    plan = health.plan_node(given_back, [device_plugin()], ENFORCE, FREE, later(10))
+    plan = ladder.plan_node(given_back, [device_plugin()], ENFORCE, FREE, later(10))
     assert plan.became_due and plan.tainted
 
 
 def test_a_node_someone_else_remediates_gets_no_write_at_all() -> None:
     facts = node(allocatable=7, taints=[{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}])
-    plan = health.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
+    plan = ladder.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW, seen(300, GAP))
     assert "karpenter.sh/disrupted" in plan.hands_off
     assert not writes(facts, plan) and plan.condition is None
     # Said: every step held, which the controller reports as RemediationHeld.
@@ -129,12 +119,12 @@ def test_a_node_someone_else_remediates_gets_no_write_at_all() -> None:
 
 def test_record_times_keep_their_fraction_of_a_second() -> None:
     first = NOW + datetime.timedelta(seconds=0.92)
-    record = NodeRecord(signals={GAP: first}, unhealthy_since=first, remediations=(first,))
-    back = NodeRecord.from_json(record.to_json())
+    record = records.NodeRecord(signals={GAP: first}, unhealthy_since=first, remediations=(first,))
+    back = records.NodeRecord.from_json(record.to_json())
     assert back.signals[GAP] == first and back.unhealthy_since == first and back.remediations == (first,)
     # Whole seconds are written as before, and records written before are read.
-    assert json.loads(NodeRecord(clear_since=NOW).to_json())["clearSince"] == "2026-03-01T12:00:00Z"
-    old = NodeRecord.from_json('{"signals":{"deviceGap/nvidia.com/gpu":"2026-03-01T12:00:00Z"}}')
+    assert json.loads(records.NodeRecord(clear_since=NOW).to_json())["clearSince"] == "2026-03-01T12:00:00Z"
+    old = records.NodeRecord.from_json('{"signals":{"deviceGap/nvidia.com/gpu":"2026-03-01T12:00:00Z"}}')
     assert old.signals == {GAP: NOW}
 
 
@@ -142,24 +132,24 @@ def test_a_signal_never_acts_before_its_wait() -> None:
     policy = enforcing(signals={"deviceGap": {"forSeconds": 3}})
     first = NOW + datetime.timedelta(seconds=0.92)
     facts = node(allocatable=7)
-    plan = health.plan_node(facts, [device_plugin()], policy, FREE, first)
-    stored = health.node_facts(raw_node(allocatable=7, record=plan.record))
+    plan = ladder.plan_node(facts, [device_plugin()], policy, FREE, first)
+    stored = observed.node_facts(raw_node(allocatable=7, record=plan.record))
     assert stored is not None
-    early = health.plan_node(stored, [device_plugin()], policy, FREE, first + datetime.timedelta(seconds=2.5))
+    early = ladder.plan_node(stored, [device_plugin()], policy, FREE, first + datetime.timedelta(seconds=2.5))
     assert early.steps == () and early.requeue_after == pytest.approx(0.5)
-    on_time = health.plan_node(stored, [device_plugin()], policy, FREE, first + datetime.timedelta(seconds=3))
+    on_time = ladder.plan_node(stored, [device_plugin()], policy, FREE, first + datetime.timedelta(seconds=3))
     assert ("condition", "do") in actions(on_time)
 
 
 def test_times_in_the_future_are_clamped_to_now() -> None:
     future = datetime.datetime(2099, 1, 1, tzinfo=datetime.UTC)
-    record = NodeRecord(signals={GAP: future}, clear_since=future)
-    plan = health.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, FREE, NOW, record)
+    record = records.NodeRecord(signals={GAP: future}, clear_since=future)
+    plan = ladder.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, FREE, NOW, record)
     assert plan.record is not None and plan.record.signals[GAP] == NOW
     assert plan.clamped == ("clear_since", f"signals[{GAP}]")
     assert plan.requeue_after == 300
     assert (
-        health.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, FREE, NOW, seen(10, GAP)).clamped
+        ladder.plan_node(node(allocatable=7), [device_plugin()], ENFORCE, FREE, NOW, seen(10, GAP)).clamped
         == ()
     )
 
@@ -170,19 +160,19 @@ def test_times_in_the_future_are_clamped_to_now() -> None:
 @pytest.mark.parametrize(
     ("fleet", "why"),
     [
-        pytest.param(Fleet(10, 0, True), "circuit breaker open", id="breaker"),
-        pytest.param(Fleet(10, 5, False), "budget", id="budget"),
+        pytest.param(ladder.Fleet(10, 0, True), "circuit breaker open", id="breaker"),
+        pytest.param(ladder.Fleet(10, 5, False), "budget", id="budget"),
     ],
 )
-def test_a_held_node_gets_a_condition_remediators_do_not_act_on(fleet: Fleet, why: str) -> None:
+def test_a_held_node_gets_a_condition_remediators_do_not_act_on(fleet: ladder.Fleet, why: str) -> None:
     facts = node(allocatable=0)
-    plan = health.plan_node(facts, [device_plugin(started=later(-3600))], ENFORCE, fleet, NOW, seen(400, GAP))
+    plan = ladder.plan_node(facts, [device_plugin(started=later(-3600))], ENFORCE, fleet, NOW, seen(400, GAP))
     assert plan.condition is not None
     assert (plan.condition.status, plan.condition.reason) == ("Unknown", "Held")
     assert why in plan.condition.message and not plan.tainted
 
     # Once a place is free gpuguard acts, and only then says False.
-    plan = health.plan_node(
+    plan = ladder.plan_node(
         applied(facts, plan), [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1)
     )
     assert plan.condition is not None and plan.condition.status == "False" and plan.tainted
@@ -190,10 +180,15 @@ def test_a_held_node_gets_a_condition_remediators_do_not_act_on(fleet: Fleet, wh
 
 def test_the_condition_alone_takes_a_budget_place() -> None:
     only_condition = enforcing(actions={"taint": {"mode": "off"}, "drain": {"mode": "off"}})
-    plan = health.plan_node(node(allocatable=7), [device_plugin()], only_condition, FREE, NOW, seen(300, GAP))
+    plan = ladder.plan_node(node(allocatable=7), [device_plugin()], only_condition, FREE, NOW, seen(300, GAP))
     assert plan.budget_slot() and plan.condition is not None and plan.condition.status == "False"
-    full = health.plan_node(
-        node(allocatable=7), [device_plugin()], only_condition, Fleet(10, 2, False), NOW, seen(300, GAP)
+    full = ladder.plan_node(
+        node(allocatable=7),
+        [device_plugin()],
+        only_condition,
+        ladder.Fleet(10, 2, False),
+        NOW,
+        seen(300, GAP),
     )
     assert full.condition is not None and full.condition.status == "Unknown"
 
@@ -205,13 +200,13 @@ def test_a_drain_said_in_audit_is_not_recorded_and_enforcing_it_later_cordons_fi
     step1 = enforcing(actions={"drain": {"mode": "audit", "threshold": 100}})
     plug, job = device_plugin(started=later(-3600)), pod()
     facts = node(allocatable=0, record=seen(400, GAP))
-    plan = health.plan_node(facts, [plug, job], step1, FREE, NOW)
+    plan = ladder.plan_node(facts, [plug, job], step1, FREE, NOW)
     assert ("drain", "would") in actions(plan)
     assert plan.record is not None and plan.record.draining_since is None and not plan.record.cordoned
     assert plan.condition is not None and plan.condition.reason == "DevicesUnhealthy"
 
     step2 = enforcing(actions={"drain": {"mode": "enforce", "threshold": 100}})
-    plan = health.plan_node(applied(facts, plan), [plug, job], step2, FREE, later(60))
+    plan = ladder.plan_node(applied(facts, plan), [plug, job], step2, FREE, later(60))
     assert ("drain", "do") in actions(plan) and plan.unschedulable
     assert plan.record is not None and plan.record.cordoned and plan.record.draining_since == later(60)
 
@@ -219,7 +214,7 @@ def test_a_drain_said_in_audit_is_not_recorded_and_enforcing_it_later_cordons_fi
 def test_a_drain_an_earlier_version_recorded_without_doing_it_is_not_taken_for_done() -> None:
     said = seen(400, GAP, admitted_at=later(-300), unhealthy_since=later(-300), draining_since=later(-300))
     facts = node(allocatable=0, taints=[TAINTED], record=said)
-    plan = health.plan_node(facts, [device_plugin(started=later(-3600)), pod()], ENFORCE, FREE, NOW)
+    plan = ladder.plan_node(facts, [device_plugin(started=later(-3600)), pod()], ENFORCE, FREE, NOW)
     assert ("drain", "do") in actions(plan) and plan.unschedulable
     assert plan.record is not None and plan.record.cordoned and plan.record.draining_since == NOW
 
@@ -230,27 +225,27 @@ def test_a_node_is_drained_when_only_pods_gpuguard_never_evicts_are_left() -> No
     )
     plug, left = device_plugin(ready=False), pod(namespace="infra")
     facts = node(record=seen(400, "devicePlugin"))
-    drained = health.plan_node(facts, [plug, left], policy, FREE, NOW)
+    drained = ladder.plan_node(facts, [plug, left], policy, FREE, NOW)
     assert ("drain", "do") in actions(drained)
-    plan = health.plan_node(applied(facts, drained), [plug, left], policy, FREE, later(1))
+    plan = ladder.plan_node(applied(facts, drained), [plug, left], policy, FREE, later(1))
     assert plan.condition is not None and plan.condition.reason == "Drained"
     # A pod the drain evicts is waited for.
-    waiting = health.plan_node(applied(facts, drained), [plug, pod()], policy, FREE, later(1))
+    waiting = ladder.plan_node(applied(facts, drained), [plug, pod()], policy, FREE, later(1))
     assert waiting.condition is not None and waiting.condition.reason == "Draining"
 
 
 # --- a GPU that disappears is not a recovery ---------------------------------------------------------
 
 
-def xid79_then_plugin_restart(policy: Any = ENFORCE) -> tuple[NodeFacts, NodePlan]:
+def xid79_then_plugin_restart(policy: Any = ENFORCE) -> tuple[observed.NodeFacts, ladder.NodePlan]:
     """A device marked unhealthy (8/7), the plugin restarted and no longer enumerating it (7/7)."""
     plug = device_plugin(started=later(-3600))
     facts = node(allocatable=7, record=seen(400, GAP))
-    facts = applied(facts, health.plan_node(facts, [plug], policy, FREE, NOW))
+    facts = applied(facts, ladder.plan_node(facts, [plug], policy, FREE, NOW))
     restarted = device_plugin(started=later(60))
     facts = dataclasses.replace(facts, capacity={GPU: 7}, allocatable={GPU: 7})
-    facts = applied(facts, health.plan_node(facts, [restarted], policy, FREE, later(700)))
-    return facts, health.plan_node(facts, [restarted], policy, FREE, later(1400))
+    facts = applied(facts, ladder.plan_node(facts, [restarted], policy, FREE, later(700)))
+    return facts, ladder.plan_node(facts, [restarted], policy, FREE, later(1400))
 
 
 def test_a_gpu_gone_from_capacity_keeps_the_node_marked() -> None:
@@ -267,10 +262,10 @@ def test_a_gpu_a_plugin_restart_stopped_enumerating_is_due_when_its_gap_would_ha
     # The same failure seen another way: its wait does not start again at the plugin restart.
     plug = device_plugin(started=later(-3600))
     facts = node(allocatable=7, record=seen(100, GAP))
-    facts = applied(facts, health.plan_node(facts, [plug], ENFORCE, FREE, NOW))
+    facts = applied(facts, ladder.plan_node(facts, [plug], ENFORCE, FREE, NOW))
     wait = ENFORCE.health.signals.deviceGap.forSeconds
     restarted = dataclasses.replace(facts, capacity={GPU: 7}, allocatable={GPU: 7})
-    plan = health.plan_node(restarted, [device_plugin(started=later(1))], ENFORCE, FREE, later(wait - 100))
+    plan = ladder.plan_node(restarted, [device_plugin(started=later(1))], ENFORCE, FREE, later(wait - 100))
     (missing,) = plan.assessment.signals
     assert (missing.key, missing.since) == (MISSING, later(-100))
     assert ("taint", "do") in actions(plan)
@@ -280,16 +275,16 @@ def test_expected_devices_reset_with_a_new_node_a_new_layout_or_an_acknowledgeme
     facts, _ = xid79_then_plugin_restart()
     mig = "nvidia.com/mig-3g.40gb"
     relaid = dataclasses.replace(facts, capacity={GPU: 0, mig: 2}, allocatable={GPU: 0, mig: 2})
-    plan = health.plan_node(relaid, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1500))
+    plan = ladder.plan_node(relaid, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1500))
     assert not any(s.kind == "deviceMissing" for s in plan.assessment.signals)
     assert plan.record is not None and plan.record.expected == {mig: 2}
 
     replaced = dataclasses.replace(facts, uid="uid-new")
-    plan = health.plan_node(replaced, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1500))
+    plan = ladder.plan_node(replaced, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1500))
     assert not plan.assessment.signals
 
     acknowledged = dataclasses.replace(facts, acknowledged_at=later(1450))
-    plan = health.plan_node(acknowledged, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1500))
+    plan = ladder.plan_node(acknowledged, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1500))
     assert not plan.assessment.signals
     assert plan.record is not None and plan.record.expected == {GPU: 7}
 
@@ -297,7 +292,7 @@ def test_expected_devices_reset_with_a_new_node_a_new_layout_or_an_acknowledgeme
 def test_a_kubelet_restart_reading_no_capacity_keeps_the_expected_counts() -> None:
     facts, _ = xid79_then_plugin_restart()
     restarting = dataclasses.replace(facts, capacity={GPU: 0}, allocatable={GPU: 0})
-    plan = health.plan_node(restarting, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1500))
+    plan = ladder.plan_node(restarting, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(1500))
     assert plan.record is not None and plan.record.expected == {GPU: 8}
 
 
@@ -308,31 +303,31 @@ def test_the_policy_baseline_flags_a_node_gpuguard_never_saw_whole() -> None:
         ]
     )
     short = node(capacity=7, allocatable=7, labels={"node.kubernetes.io/instance-type": "p4d"})
-    plan = health.plan_node(short, [device_plugin()], policy, FREE, NOW)
+    plan = ladder.plan_node(short, [device_plugin()], policy, FREE, NOW)
     assert [s.key for s in plan.assessment.signals] == [MISSING]
     other_class = node(capacity=7, allocatable=7, labels={"node.kubernetes.io/instance-type": "g5"})
-    assert not health.plan_node(other_class, [device_plugin()], policy, FREE, NOW).assessment.signals
+    assert not ladder.plan_node(other_class, [device_plugin()], policy, FREE, NOW).assessment.signals
 
 
 def test_a_healthy_node_gpuguard_never_acted_on_gets_no_record() -> None:
     facts = node()
-    plan = health.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW)
+    plan = ladder.plan_node(facts, [device_plugin()], ENFORCE, FREE, NOW)
     assert plan.record is None and not writes(facts, plan)
 
 
 # --- repeated failures escalate ----------------------------------------------------------------------
 
 
-def episode(facts: NodeFacts, start: float) -> tuple[NodeFacts, NodePlan]:
+def episode(facts: observed.NodeFacts, start: float) -> tuple[observed.NodeFacts, ladder.NodePlan]:
     """A device gap that acts and clears: the node after the recovery that follows."""
     plug = device_plugin(started=later(-3600))
     failed = dataclasses.replace(facts, allocatable={GPU: 7})
-    failed = applied(failed, health.plan_node(failed, [plug], ENFORCE, FREE, later(start)))
-    failed = applied(failed, health.plan_node(failed, [plug], ENFORCE, FREE, later(start + 300)))
+    failed = applied(failed, ladder.plan_node(failed, [plug], ENFORCE, FREE, later(start)))
+    failed = applied(failed, ladder.plan_node(failed, [plug], ENFORCE, FREE, later(start + 300)))
     assert failed.tainted
     clear = dataclasses.replace(failed, allocatable={GPU: 8})
-    clear = applied(clear, health.plan_node(clear, [plug], ENFORCE, FREE, later(start + 400)))
-    plan = health.plan_node(clear, [plug], ENFORCE, FREE, later(start + 1000))
+    clear = applied(clear, ladder.plan_node(clear, [plug], ENFORCE, FREE, later(start + 400)))
+    plan = ladder.plan_node(clear, [plug], ENFORCE, FREE, later(start + 1000))
     return applied(clear, plan), plan
 
 
@@ -346,11 +341,11 @@ def test_a_node_remediated_again_within_the_window_keeps_its_marks_until_acknowl
     assert second.condition is not None
     assert (second.condition.status, second.condition.reason) == ("False", "RepeatedFailures")
     assert "gpuguard nodes ack gpu-1" in second.condition.message
-    again = health.plan_node(facts, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(90000))
+    again = ladder.plan_node(facts, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(90000))
     assert again.tainted and again.steps == ()
 
     acknowledged = dataclasses.replace(facts, acknowledged_at=later(90000))
-    plan = health.plan_node(acknowledged, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(90001))
+    plan = ladder.plan_node(acknowledged, [device_plugin(started=later(-3600))], ENFORCE, FREE, later(90001))
     assert actions(plan) == [("recover", "do")] and not plan.tainted and plan.condition is None
     assert plan.record is None or plan.record.remediations == ()
 
@@ -367,10 +362,12 @@ def test_remediations_outside_the_window_do_not_escalate() -> None:
 def test_a_stripped_record_keeps_the_budget_place_and_the_cordon() -> None:
     plug = device_plugin(started=later(-3600))
     a = node(name="gpu-a", allocatable=0, record=seen(400, GAP))
-    a = applied(a, health.plan_node(a, [plug, pod(node_name="gpu-a")], ENFORCE, Fleet(5, 0, False), NOW))
+    a = applied(
+        a, ladder.plan_node(a, [plug, pod(node_name="gpu-a")], ENFORCE, ladder.Fleet(5, 0, False), NOW)
+    )
     assert a.tainted and a.unschedulable
     a = dataclasses.replace(a, record=None)
-    plan = health.plan_node(a, [plug], ENFORCE, Fleet(5, 0, False), later(10))
+    plan = ladder.plan_node(a, [plug], ENFORCE, ladder.Fleet(5, 0, False), later(10))
     assert plan.budget_slot() and not plan.held
     assert "annotation gpuguard.io/remediation is missing" in plan.record_lost
     assert "cordon" in plan.record_lost
@@ -378,8 +375,8 @@ def test_a_stripped_record_keeps_the_budget_place_and_the_cordon() -> None:
 
     # Recovered, gpuguard undoes its cordon as well.
     a = applied(dataclasses.replace(a, allocatable={GPU: 8}), plan)
-    healthy = health.plan_node(a, [plug], ENFORCE, FREE, later(20))
-    done = health.plan_node(applied(a, healthy), [plug], ENFORCE, FREE, later(700))
+    healthy = ladder.plan_node(a, [plug], ENFORCE, FREE, later(20))
+    done = ladder.plan_node(applied(a, healthy), [plug], ENFORCE, FREE, later(700))
     assert actions(done) == [("recover", "do")] and not done.unschedulable and not done.tainted
 
 
@@ -395,18 +392,20 @@ def test_a_stripped_record_keeps_the_budget_place_and_the_cordon() -> None:
     ],
 )
 def test_an_unreadable_record_is_an_error_on_that_node_only(annotation: str) -> None:
-    raw = raw_node(allocatable=0, taints=[TAINTED], conditions=[{"type": CONDITION_TYPE, "status": "False"}])
-    raw["metadata"]["annotations"] = {RECORD_ANNOTATION: annotation}
-    facts = health.node_facts(raw)
+    raw = raw_node(
+        allocatable=0, taints=[TAINTED], conditions=[{"type": observed.CONDITION_TYPE, "status": "False"}]
+    )
+    raw["metadata"]["annotations"] = {records.RECORD_ANNOTATION: annotation}
+    facts = observed.node_facts(raw)
     assert facts is not None and facts.record is None and facts.record_error
-    plan = health.plan_node(facts, [device_plugin(started=later(-3600))], ENFORCE, FREE, NOW)
+    plan = ladder.plan_node(facts, [device_plugin(started=later(-3600))], ENFORCE, FREE, NOW)
     assert plan.budget_slot() and facts.record_error in plan.record_lost
 
 
 def test_the_acknowledgement_annotation_is_read() -> None:
     raw = raw_node()
-    raw["metadata"]["annotations"] = {ACK_ANNOTATION: "2026-03-01T12:00:00Z"}
-    facts = health.node_facts(raw)
+    raw["metadata"]["annotations"] = {records.ACK_ANNOTATION: "2026-03-01T12:00:00Z"}
+    facts = observed.node_facts(raw)
     assert facts is not None and facts.acknowledged_at == NOW
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.policy import health
-from webhook.policy.health import PodFacts
+from webhook.policy.health import ladder, observed, podverdicts, records, signals
 from webhook.policy.model import Policy
 
 from .builders import make_policy
@@ -38,17 +37,17 @@ UNKNOWN_300 = make_policy(
 )
 
 
-def dra_pod(state: str, *, reported_before: bool = False) -> PodFacts:
+def dra_pod(state: str, *, reported_before: bool = False) -> observed.PodFacts:
     facts = pod(gpus=0, claims=["gpu"], devices=[(f"{CLAIM} {DEVICE}", state)])
-    return health.with_reported(facts, frozenset({(CLAIM, DEVICE)})) if reported_before else facts
+    return observed.with_reported(facts, frozenset({(CLAIM, DEVICE)})) if reported_before else facts
 
 
 def planned_twice(
-    facts: health.NodeFacts, pods: list[PodFacts], policy: Policy, seconds: float
-) -> health.NodePlan:
+    facts: observed.NodeFacts, pods: list[observed.PodFacts], policy: Policy, seconds: float
+) -> ladder.NodePlan:
     """The plan at first sight, written, then the plan `seconds` later."""
-    first = health.plan_node(facts, pods, policy, FREE, NOW)
-    return health.plan_node(applied(facts, first), pods, policy, FREE, later(seconds))
+    first = ladder.plan_node(facts, pods, policy, FREE, NOW)
+    return ladder.plan_node(applied(facts, first), pods, policy, FREE, later(seconds))
 
 
 # --- DRA Unknown -------------------------------------------------------------------------------------
@@ -59,9 +58,9 @@ def test_unknown_from_a_driver_that_never_streamed_health_is_no_failure() -> Non
     stream: neither the pod nor the node acts on it, even with Unknown turned on."""
     never = dra_pod("Unknown")
     for policy in (ENFORCE, UNKNOWN_300):
-        verdict = health.pod_verdict(never, policy, later(3600), unknown_since=NOW, driver_settled=True)
+        verdict = podverdicts.pod_verdict(never, policy, later(3600), unknown_since=NOW, driver_settled=True)
         assert not verdict.evict
-        assert not health.has_unknown_device(never, policy, driver_settled=True)
+        assert not podverdicts.has_unknown_device(never, policy, driver_settled=True)
     n = node(labels={"nvidia.com/gpu.present": "true"})
     plug = device_plugin(started=later(-3600))
     plan = planned_twice(n, [plug, never], UNKNOWN_300, 300)
@@ -71,19 +70,21 @@ def test_unknown_from_a_driver_that_never_streamed_health_is_no_failure() -> Non
 def test_unknown_is_off_by_default_even_after_the_device_reported() -> None:
     assert ENFORCE.health.signals.podDeviceHealth.unknownForSeconds is None
     known = dra_pod("Unknown", reported_before=True)
-    assert not health.pod_verdict(known, ENFORCE, later(3600), unknown_since=NOW, driver_settled=True).evict
-    assessment = health.assess(node(), [device_plugin(), known], ENFORCE, NOW)
+    assert not podverdicts.pod_verdict(
+        known, ENFORCE, later(3600), unknown_since=NOW, driver_settled=True
+    ).evict
+    assessment = signals.assess(node(), [device_plugin(), known], ENFORCE, NOW)
     assert assessment.signals == ()
 
 
 def test_unknown_after_healthy_counts_once_it_persisted_while_the_driver_runs() -> None:
     known = dra_pod("Unknown", reported_before=True)
-    assert health.has_unknown_device(known, UNKNOWN_300, driver_settled=True)
-    waiting = health.pod_verdict(known, UNKNOWN_300, NOW, unknown_since=later(-100), driver_settled=True)
+    assert podverdicts.has_unknown_device(known, UNKNOWN_300, driver_settled=True)
+    waiting = podverdicts.pod_verdict(known, UNKNOWN_300, NOW, unknown_since=later(-100), driver_settled=True)
     assert not waiting.evict and waiting.requeue_after == pytest.approx(200)
-    verdict = health.pod_verdict(known, UNKNOWN_300, NOW, unknown_since=later(-300), driver_settled=True)
+    verdict = podverdicts.pod_verdict(known, UNKNOWN_300, NOW, unknown_since=later(-300), driver_settled=True)
     assert verdict.reason == "DeviceUnknown"
-    (signal,) = health.assess(node(), [device_plugin(), known], UNKNOWN_300, NOW).signals
+    (signal,) = signals.assess(node(), [device_plugin(), known], UNKNOWN_300, NOW).signals
     assert (signal.kind, signal.resource, signal.for_seconds) == ("podDeviceUnknown", CLAIM, 300)
 
 
@@ -95,16 +96,18 @@ def test_unknown_after_healthy_counts_once_it_persisted_while_the_driver_runs() 
         pytest.param(None, id="no-driver-pod-seen"),
     ],
 )
-def test_unknown_while_the_driver_restarts_is_no_failure(plugin: PodFacts | None) -> None:
+def test_unknown_while_the_driver_restarts_is_no_failure(plugin: observed.PodFacts | None) -> None:
     """A driver whose health stream ends leaves all its devices Unknown until the new one streams."""
     known = dra_pod("Unknown", reported_before=True)
     node_pods = [known] if plugin is None else [plugin, known]
-    settled = health.plugins_settled(node_pods, UNKNOWN_300, NOW)
+    settled = signals.plugins_settled(node_pods, UNKNOWN_300, NOW)
     assert not settled
-    assert not health.has_unknown_device(known, UNKNOWN_300, driver_settled=settled)
-    verdict = health.pod_verdict(known, UNKNOWN_300, NOW, unknown_since=later(-3600), driver_settled=settled)
+    assert not podverdicts.has_unknown_device(known, UNKNOWN_300, driver_settled=settled)
+    verdict = podverdicts.pod_verdict(
+        known, UNKNOWN_300, NOW, unknown_since=later(-3600), driver_settled=settled
+    )
     assert not verdict.evict
-    kinds = [s.kind for s in health.assess(node(), node_pods, UNKNOWN_300, NOW).signals]
+    kinds = [s.kind for s in signals.assess(node(), node_pods, UNKNOWN_300, NOW).signals]
     assert "podDeviceUnknown" not in kinds
 
 
@@ -120,11 +123,11 @@ def test_the_pod_converter_remembers_only_dra_devices_reported_healthy_or_unheal
             (f"{GPU} GPU-0", "Healthy"),
         ],
     )
-    facts = health.pod_facts(raw)
+    facts = observed.pod_facts(raw)
     assert facts is not None
     # A device plugin never says Unknown, so its devices need no remembering.
     assert facts.reported == {(CLAIM, "dev-healthy"), (CLAIM, "dev-unhealthy"), ("claim:nic/req", "nic-0")}
-    assert health.with_reported(facts, frozenset({(CLAIM, "dev-healthy")})) is facts
+    assert observed.with_reported(facts, frozenset({(CLAIM, "dev-healthy")})) is facts
 
 
 # --- capacity that vanished --------------------------------------------------------------------------
@@ -140,17 +143,17 @@ def test_the_pod_converter_remembers_only_dra_devices_reported_healthy_or_unheal
 )
 def test_a_node_that_never_had_accelerator_capacity_has_nothing_to_lose(labels: dict[str, str]) -> None:
     """DRA-only, passthrough and plugin-less nodes carry accelerator labels and no accelerator resource."""
-    facts = health.node_facts(raw_node(capacity=None, allocatable=None, labels=labels))
+    facts = observed.node_facts(raw_node(capacity=None, allocatable=None, labels=labels))
     assert facts is not None
     claim_pod = pod(gpus=0, claims=["gpu"])
     plan = planned_twice(facts, [claim_pod], ENFORCE, 601)
-    assert plan.assessment.accelerator
+    assert plan.assessment.in_scope
     assert plan.assessment.signals == () and actions(plan) == [] and not plan.unschedulable
-    assert not health.pod_verdict(claim_pod, ENFORCE, later(602), draining=plan.unschedulable).evict
+    assert not podverdicts.pod_verdict(claim_pod, ENFORCE, later(602), draining=plan.unschedulable).evict
 
 
 def test_an_explicit_zero_is_capacity_that_vanished() -> None:
-    (signal,) = health.assess(node(capacity=0, allocatable=0), [], ENFORCE, NOW).signals
+    (signal,) = signals.assess(node(capacity=0, allocatable=0), [], ENFORCE, NOW).signals
     assert signal.kind == "capacityVanished"
 
 
@@ -159,17 +162,17 @@ def test_a_zero_beside_another_accelerator_resource_with_capacity_is_no_vanishin
     raw = raw_node(capacity=0, allocatable=0)
     raw["status"]["capacity"]["nvidia.com/mig-1g.10gb"] = "7"
     raw["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "7"
-    facts = health.node_facts(raw)
+    facts = observed.node_facts(raw)
     assert facts is not None
-    assert health.assess(facts, [device_plugin()], ENFORCE, NOW).signals == ()
+    assert signals.assess(facts, [device_plugin()], ENFORCE, NOW).signals == ()
 
 
 # --- bring-up ----------------------------------------------------------------------------------------
 
 
-def installing_plugin() -> PodFacts:
+def installing_plugin() -> observed.PodFacts:
     """The GPU operator's plugin on a new node: Pending in its init containers while the driver installs."""
-    facts = health.pod_facts(raw_device_plugin(ready=False, phase="Pending"))
+    facts = observed.pod_facts(raw_device_plugin(ready=False, phase="Pending"))
     assert facts is not None
     return facts
 
@@ -193,8 +196,8 @@ def test_a_node_whose_driver_installs_is_not_a_device_failure(capacity: int | No
 def test_a_plugin_that_stopped_on_a_node_with_registered_capacity_still_counts() -> None:
     """Bring-up ends once the node registered devices: a plugin Pending again after that (a driver
     reinstall that hangs) is the node's devices becoming unusable."""
-    record = health.NodeRecord(signals={"devicePlugin": later(-301)})
-    assessment = health.assess(node(), [installing_plugin()], ENFORCE, NOW, record)
+    record = records.NodeRecord(signals={"devicePlugin": later(-301)})
+    assessment = signals.assess(node(), [installing_plugin()], ENFORCE, NOW, record)
     assert [s.kind for s in assessment.signals] == ["devicePlugin"]
     assert assessment.state == "unhealthy"
 
@@ -202,17 +205,17 @@ def test_a_plugin_that_stopped_on_a_node_with_registered_capacity_still_counts()
 # --- devices that are not accelerators ---------------------------------------------------------------
 
 
-def rdma_pod() -> PodFacts:
+def rdma_pod() -> observed.PodFacts:
     raw = raw_pod(devices=[("rdma/hca_shared_devices_a mlx5_0", "Unhealthy")])
     raw["spec"]["containers"][0]["resources"]["limits"]["rdma/hca_shared_devices_a"] = "1"
-    facts = health.pod_facts(raw)
+    facts = observed.pod_facts(raw)
     assert facts is not None
     return facts
 
 
 def test_an_unhealthy_nic_on_a_gpu_pod_neither_evicts_it_nor_marks_the_node() -> None:
     nic = rdma_pod()
-    assert not health.pod_verdict(nic, ENFORCE, NOW).evict
+    assert not podverdicts.pod_verdict(nic, ENFORCE, NOW).evict
     plan = planned_twice(node(), [device_plugin(started=later(-3600)), nic], ENFORCE, 301)
     assert plan.assessment.signals == () and actions(plan) == []
 
@@ -222,17 +225,17 @@ def test_a_device_the_policy_names_counts() -> None:
         {"health": {"mode": "enforce"}, "accelerators": {"resources": [GPU, "rdma/hca_shared_devices_*"]}}
     )
     nic = rdma_pod()
-    assert health.pod_verdict(nic, named, NOW).reason == "DeviceUnhealthy"
-    (signal,) = health.assess(node(), [device_plugin(), nic], named, NOW).signals
+    assert podverdicts.pod_verdict(nic, named, NOW).reason == "DeviceUnhealthy"
+    (signal,) = signals.assess(node(), [device_plugin(), nic], named, NOW).signals
     assert (signal.kind, signal.resource) == ("podDevice", "rdma/hca_shared_devices_a")
 
 
 def test_claims_count_only_when_the_policy_counts_claims() -> None:
     no_claims = make_policy({"health": {"mode": "enforce"}, "accelerators": {"resourceClaims": False}})
     broken = pod(claims=["gpu"], devices=[(f"{CLAIM} {DEVICE}", "Unhealthy")])
-    assert not health.pod_verdict(broken, no_claims, NOW).evict
-    assert health.assess(node(), [device_plugin(), broken], no_claims, NOW).signals == ()
-    assert health.pod_verdict(broken, ENFORCE, NOW).reason == "DeviceUnhealthy"
+    assert not podverdicts.pod_verdict(broken, no_claims, NOW).evict
+    assert signals.assess(node(), [device_plugin(), broken], no_claims, NOW).signals == ()
+    assert podverdicts.pod_verdict(broken, ENFORCE, NOW).reason == "DeviceUnhealthy"
 
 
 # --- quantities --------------------------------------------------------------------------------------
@@ -247,14 +250,14 @@ def test_counts_in_any_quantity_form_are_read_as_the_api_server_reads_them() -> 
     ]:
         raw["status"]["capacity"][name] = capacity
         raw["status"]["allocatable"][name] = allocatable
-    facts = health.node_facts(raw)
+    facts = observed.node_facts(raw)
     assert facts is not None
     assert facts.capacity == {
         "gpu.intel.com/millicores": 8000,
         "example.com/gpu": 1024,
         "other.com/gpu": 1500,
     }
-    assessment = health.assess(facts, [device_plugin()], ENFORCE, NOW)
+    assessment = signals.assess(facts, [device_plugin()], ENFORCE, NOW)
     assert {(s.resource, s.devices) for s in assessment.signals} == {
         ("gpu.intel.com/millicores", 1000),
         ("example.com/gpu", 24),
@@ -266,7 +269,7 @@ def test_a_count_written_as_1k_is_not_read_as_zero() -> None:
     raw = raw_node(capacity=None, allocatable=None)
     raw["status"]["capacity"]["volcano.sh/vgpu-cores"] = "1100"
     raw["status"]["allocatable"]["volcano.sh/vgpu-cores"] = "1k"
-    facts = health.node_facts(raw)
+    facts = observed.node_facts(raw)
     assert facts is not None
     plan = planned_twice(facts, [device_plugin(started=later(-3600))], ENFORCE, 301)
     (signal,) = plan.assessment.signals
@@ -279,7 +282,7 @@ def test_allocatable_that_cannot_be_read_is_unknown_never_zero(allocatable: str 
     raw = raw_node(allocatable=None)
     if allocatable is not None:
         raw["status"]["allocatable"][GPU] = allocatable
-    facts = health.node_facts(raw)
+    facts = observed.node_facts(raw)
     assert facts is not None
     plan = planned_twice(facts, [device_plugin(started=later(-3600))], ENFORCE, 3600)
     assert plan.assessment.signals == () and actions(plan) == []
@@ -288,5 +291,5 @@ def test_allocatable_that_cannot_be_read_is_unknown_never_zero(allocatable: str 
 
 def test_huge_counts_are_counts() -> None:
     facts = node(capacity=10**30, allocatable=10**30 - 1)
-    (signal,) = health.assess(facts, [device_plugin()], ENFORCE, NOW).signals
+    (signal,) = signals.assess(facts, [device_plugin()], ENFORCE, NOW).signals
     assert (signal.kind, signal.devices) == ("deviceGap", 1)

@@ -30,6 +30,11 @@ PURE_AUDIT = (
     "webhook.audit.output",
     "webhook.audit.schedule",
 )
+# The device-health verdicts, from the bottom up: each module imports only those before it.
+HEALTH_LAYERS = tuple(
+    f"webhook.policy.health.{name}"
+    for name in ("records", "holdings", "observed", "signals", "fences", "ladder", "podverdicts")
+)
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,12 @@ def violations(graph: Mapping[str, Iterable[Import]], known: Iterable[str]) -> l
                 problems.append(f"{module} imports {target}: webhook.kube imports nothing above it")
             if here in INDEPENDENT_ROOMS and there in INDEPENDENT_ROOMS and here != there:
                 problems.append(f"{module} imports {target}: {here} and {there} are independent")
+            if (
+                module in HEALTH_LAYERS
+                and target in HEALTH_LAYERS
+                and HEALTH_LAYERS.index(target) >= HEALTH_LAYERS.index(module)
+            ):
+                problems.append(f"{module} imports {target}: the health verdicts import only downwards")
     problems.extend(f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph, known))
     return problems
 
@@ -174,6 +185,8 @@ def test_the_rooms_are_where_the_rules_expect_them() -> None:
     rooms = {room(name) for name in modules()}
     assert {"policy", "admission", "certs", "kube", "controllers", "audit", "manager"} <= rooms
     assert set(PURE_AUDIT) <= set(modules())
+    health = {name for name in modules() if name.startswith("webhook.policy.health.")}
+    assert health == set(HEALTH_LAYERS)
 
 
 @pytest.mark.parametrize(
@@ -190,6 +203,12 @@ def test_the_rooms_are_where_the_rules_expect_them() -> None:
         ("webhook.audit.report", "webhook.controllers.node", "audit and controllers are independent"),
         ("webhook.audit.findings", "webhook.kube.listing", "the audit's core is pure"),
         ("webhook.audit.scan", "webhook.kube.listing", None),
+        (
+            "webhook.policy.health.signals",
+            "webhook.policy.health.ladder",
+            "the health verdicts import only downwards",
+        ),
+        ("webhook.policy.health.ladder", "webhook.policy.health.signals", None),
     ],
 )
 def test_each_rule_can_fail(module: str, target: str, expected: str | None) -> None:

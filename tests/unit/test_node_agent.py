@@ -15,8 +15,8 @@ from webhook.agent.podresources import WireError, decode_allocatable, decode_lis
 from webhook.kube.events import EventRecorder
 from webhook.kube.remediation import ConflictError
 from webhook.metrics import Registry
-from webhook.policy import health, holdings
-from webhook.policy.holdings import Condition, Holding, PodView
+from webhook.policy.health import holdings, observed
+from webhook.policy.health.holdings import Condition, Holding, PodView
 
 # --- protobuf, written out field by field as the kubelet sends it ------------------------------------
 
@@ -276,11 +276,11 @@ def test_the_pod_watcher_reads_the_agents_condition_as_an_unhealthy_device() -> 
             ],
         },
     }
-    facts = health.pod_facts(raw)
+    facts = observed.pod_facts(raw)
     assert facts is not None
-    assert facts.devices == (health.DeviceHealth("main", GPU, "gpu-1", "Unhealthy"),)
+    assert facts.devices == (observed.DeviceHealth("main", GPU, "gpu-1", "Unhealthy"),)
     raw["status"]["conditions"][0].update(status="True", message=holdings.RESTORED.message)
-    restored = health.pod_facts(raw)
+    restored = observed.pod_facts(raw)
     assert restored is not None and restored.devices == ()
 
 

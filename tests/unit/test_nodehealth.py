@@ -15,8 +15,7 @@ import pytest
 from webhook.controllers.nodehealth import CONFLICT_RECHECK_SECONDS
 from webhook.kube.informer import Change
 from webhook.kube.remediation import ConflictError, NotFoundError
-from webhook.policy import health
-from webhook.policy.health import NodeRecord
+from webhook.policy.health import observed, records, signals
 from webhook.policy.model import Policy
 
 from .builders import make_policy
@@ -32,12 +31,15 @@ def test_enforce_writes_the_condition_then_taint_and_record_at_the_versions_it_r
     (kind, status), (node_kind, node) = wired.writes.calls
     assert kind == "status" and status["metadata"]["resourceVersion"] == "7"
     (condition,) = status["status"]["conditions"]
-    assert (condition["type"], condition["status"]) == (health.CONDITION_TYPE, "False")
+    assert (condition["type"], condition["status"]) == (observed.CONDITION_TYPE, "False")
     assert "lastTransitionTime" in condition
     # The node patch goes at the version the status patch answered: nothing in between is overwritten.
     assert node_kind == "node" and node["metadata"]["resourceVersion"] == "8"
-    assert node["spec"]["taints"] == [{"key": health.TAINT_KEY, "effect": "NoSchedule"}]
-    assert NodeRecord.from_json(node["metadata"]["annotations"][health.RECORD_ANNOTATION]).admitted_at == NOW
+    assert node["spec"]["taints"] == [{"key": observed.TAINT_KEY, "effect": "NoSchedule"}]
+    assert (
+        records.NodeRecord.from_json(node["metadata"]["annotations"][records.RECORD_ANNOTATION]).admitted_at
+        == NOW
+    )
     assert wired.reasons() == ["DeviceUnhealthy", "NodeTainted"]
 
 
@@ -77,9 +79,9 @@ def breaking_at(max_nodes: int) -> Policy:
 
 def test_the_node_that_trips_the_breaker_is_not_acted_on() -> None:
     policy = breaking_at(1)
-    earlier = NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
+    earlier = records.NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
     wired = Wired(policy, [raw_node("gpu-1", allocatable=7)])
-    seeded = health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))
+    seeded = observed.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))
     assert seeded is not None
     wired.seed([seeded], policy, NOW)
     wired.node_health.reconcile("gpu-1")
@@ -118,7 +120,7 @@ def test_a_node_deleted_before_the_write_is_let_go_without_an_event() -> None:
 
 def test_a_node_left_alone_keeps_its_signals_timed_in_memory() -> None:
     policy = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 60}}}})
-    excluded = raw_node("gpu-1", allocatable=7, labels={health.EXCLUDE_LABEL: "true"})
+    excluded = raw_node("gpu-1", allocatable=7, labels={signals.EXCLUDE_LABEL: "true"})
     wired = Wired(policy, [excluded])
     wired.node_health.reconcile("gpu-1")
     wired.at(61)
@@ -144,7 +146,7 @@ def test_nodes_replaced_after_they_became_due_still_count_for_the_breaker() -> N
 
 def test_a_node_left_alone_does_not_count_for_the_breaker() -> None:
     policy = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 0}}}})
-    excluded = raw_node("gpu-1", allocatable=7, labels={health.EXCLUDE_LABEL: "true"})
+    excluded = raw_node("gpu-1", allocatable=7, labels={signals.EXCLUDE_LABEL: "true"})
     wired = Wired(policy, [excluded])
     wired.node_health.reconcile("gpu-1")
     assert wired.breaker.logged() == {}
@@ -196,9 +198,9 @@ def test_a_held_node_is_handed_off_as_unknown_until_gpuguard_acts() -> None:
             }
         }
     )
-    earlier = NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
+    earlier = records.NodeRecord(signals={}, unhealthy_since=NOW, admitted_at=NOW)
     wired = Wired(policy, [raw_node("gpu-1", allocatable=7)])
-    wired.ledger.seed([health.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))], policy, NOW)  # type: ignore[list-item]
+    wired.ledger.seed([observed.node_facts(raw_node("gpu-0", allocatable=7, record=earlier))], policy, NOW)  # type: ignore[list-item]
     wired.node_health.reconcile("gpu-1")
     (condition,) = wired.writes.calls[0][1]["status"]["conditions"]
     assert (condition["status"], condition["reason"]) == ("Unknown", "Held")
@@ -206,19 +208,19 @@ def test_a_held_node_is_handed_off_as_unknown_until_gpuguard_acts() -> None:
 
 
 def test_gpuguards_marks_without_a_record_are_kept_as_its_own_and_reported() -> None:
-    draining = {"type": health.CONDITION_TYPE, "status": "False", "reason": "Draining", "message": "m"}
+    draining = {"type": observed.CONDITION_TYPE, "status": "False", "reason": "Draining", "message": "m"}
     marked = raw_node(
         "gpu-1",
         allocatable=0,
         conditions=[draining],
-        taints=[{"key": health.TAINT_KEY, "effect": "NoSchedule"}],
+        taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}],
     )
     marked["spec"]["unschedulable"] = True
-    marked["metadata"]["annotations"] = {health.RECORD_ANNOTATION: "[" * 1000 + "]" * 1000}
+    marked["metadata"]["annotations"] = {records.RECORD_ANNOTATION: "[" * 1000 + "]" * 1000}
     wired = Wired(ENFORCE, [marked])
     wired.node_health.reconcile("gpu-1")
-    written = NodeRecord.from_json(
-        wired.writes.calls[-1][1]["metadata"]["annotations"][health.RECORD_ANNOTATION]
+    written = records.NodeRecord.from_json(
+        wired.writes.calls[-1][1]["metadata"]["annotations"][records.RECORD_ANNOTATION]
     )
     assert written.admitted_at == NOW and written.cordoned
     entry = wired.ledger.entry("gpu-1")
@@ -229,7 +231,7 @@ def test_gpuguards_marks_without_a_record_are_kept_as_its_own_and_reported() -> 
 def test_a_record_rebuilt_from_gpuguards_marks_is_no_new_onset_for_the_breaker() -> None:
     # The node became due long ago (its onset has left the breaker's window); stripping its record
     # must not make it count again as a node that just became due.
-    tainted = raw_node("gpu-1", allocatable=7, taints=[{"key": health.TAINT_KEY, "effect": "NoSchedule"}])
+    tainted = raw_node("gpu-1", allocatable=7, taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}])
     wired = Wired(ENFORCE, [tainted])
     wired.node_health.reconcile("gpu-1")
     assert "RemediationRecordLost" in wired.reasons()
@@ -240,13 +242,15 @@ def test_a_record_rebuilt_from_gpuguards_marks_is_no_new_onset_for_the_breaker()
 
 
 def test_recorded_times_in_the_future_are_taken_as_now_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    future = NodeRecord(signals={f"deviceGap/{GPU}": datetime.datetime(2099, 1, 1, tzinfo=datetime.UTC)})
+    future = records.NodeRecord(
+        signals={f"deviceGap/{GPU}": datetime.datetime(2099, 1, 1, tzinfo=datetime.UTC)}
+    )
     wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7, record=future)])
     with caplog.at_level(logging.WARNING, logger="gpuguard.nodehealth"):
         wired.node_health.reconcile("gpu-1")
     assert "later than now" in caplog.text
-    written = NodeRecord.from_json(
-        wired.writes.calls[-1][1]["metadata"]["annotations"][health.RECORD_ANNOTATION]
+    written = records.NodeRecord.from_json(
+        wired.writes.calls[-1][1]["metadata"]["annotations"][records.RECORD_ANNOTATION]
     )
     assert written.signals == {f"deviceGap/{GPU}": NOW}
 
@@ -264,7 +268,7 @@ def test_a_signal_not_yet_due_is_timed_in_memory_and_writes_nothing() -> None:
     wired.at(60)
     wired.node_health.reconcile("gpu-1")
     assert [kind for kind, _ in wired.writes.calls] == ["status", "node"]
-    record = NodeRecord.from_json(
-        wired.writes.calls[1][1]["metadata"]["annotations"][health.RECORD_ANNOTATION]
+    record = records.NodeRecord.from_json(
+        wired.writes.calls[1][1]["metadata"]["annotations"][records.RECORD_ANNOTATION]
     )
     assert record.signals[f"deviceGap/{GPU}"] == NOW

@@ -7,8 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from webhook.policy import health
-from webhook.policy.health import HELD_RECHECK_SECONDS, NodeRecord
+from webhook.policy.health import ladder, records, signals
 from webhook.policy.model import Policy
 
 from .builders import make_policy
@@ -29,7 +28,7 @@ def test_pods_of_nodes_outside_the_node_selector_are_not_evicted_nor_spoken_of()
     outside = Wired(pilot, [raw_node("gpu-9")], [raw_pod(node_name="gpu-9", devices=UNHEALTHY)])
     result = outside.pod_health.reconcile("ml/trainer")
     assert outside.evictions.sent == [] and outside.reasons() == []
-    assert result.requeue_after == HELD_RECHECK_SECONDS  # it may be relabelled into the pilot
+    assert result.requeue_after == ladder.HELD_RECHECK_SECONDS  # it may be relabelled into the pilot
     inside = Wired(
         pilot,
         [raw_node("gpu-9", labels={"gpuguard-pilot": "true"})],
@@ -41,13 +40,13 @@ def test_pods_of_nodes_outside_the_node_selector_are_not_evicted_nor_spoken_of()
 
 def test_pods_of_a_node_the_cache_does_not_know_are_held() -> None:
     unknown = Wired(enforcing(), [], [raw_pod(node_name="gpu-new", devices=UNHEALTHY)])
-    assert unknown.pod_health.reconcile("ml/trainer").requeue_after == HELD_RECHECK_SECONDS
+    assert unknown.pod_health.reconcile("ml/trainer").requeue_after == ladder.HELD_RECHECK_SECONDS
     assert unknown.evictions.sent == [] and unknown.reasons() == ["EvictionHeld"]
     assert unknown.breaker.logged() == {}
 
 
 def test_pods_of_an_excluded_or_paused_node_are_held_and_do_not_count_for_the_breaker() -> None:
-    excluded = raw_node("gpu-1", labels={health.EXCLUDE_LABEL: "true"})
+    excluded = raw_node("gpu-1", labels={signals.EXCLUDE_LABEL: "true"})
     for policy, node in ((enforcing(), excluded), (enforcing(paused=True), raw_node("gpu-1"))):
         watcher = Wired(policy, [node], [raw_pod(devices=UNHEALTHY)])
         watcher.pod_health.reconcile("ml/trainer")
@@ -69,7 +68,7 @@ def test_pod_level_evictions_count_their_nodes_for_the_breaker_once_per_node() -
     assert watcher.evictions.sent == [("ml", "a"), ("ml", "b"), ("ml", "c")]
     assert not watcher.breaker.state.open  # two nodes, however many pods
     # A third node's pod goes bad: a fleet-wide signal, the breaker opens and the pod is held.
-    assert watcher.pod_health.reconcile("ml/d").requeue_after == HELD_RECHECK_SECONDS
+    assert watcher.pod_health.reconcile("ml/d").requeue_after == ladder.HELD_RECHECK_SECONDS
     assert watcher.breaker.state.open and ("ml", "d") not in watcher.evictions.sent
     assert watcher.reasons()[-2:] == ["CircuitBreakerOpened", "EvictionHeld"]
 
@@ -102,7 +101,7 @@ def test_a_refused_eviction_gives_its_rate_limit_slot_back() -> None:
 def test_a_drain_recorded_without_its_cordon_evicts_nothing() -> None:
     # An earlier version recorded a drain only said in audit mode; enforcing the drain later must
     # cordon first (the node controller does), not evict every accelerator pod at once.
-    said = NodeRecord(unhealthy_since=NOW, admitted_at=NOW, draining_since=NOW)
+    said = records.NodeRecord(unhealthy_since=NOW, admitted_at=NOW, draining_since=NOW)
     done = dataclasses.replace(said, cordoned=True)
     evicted = []
     for record in (said, done):

@@ -6,9 +6,8 @@ import datetime
 
 from webhook.cli import nodes as cli_nodes
 from webhook.controllers import report
-from webhook.controllers.fleet import BreakerState
-from webhook.policy import health
-from webhook.policy.health import NodeRecord
+from webhook.controllers.breaker import BreakerState
+from webhook.policy.health import observed, records
 
 from .builders import make_policy
 from .test_health import pod, raw_node
@@ -17,29 +16,31 @@ NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 POLICY = make_policy({"health": {"mode": "enforce", "budget": {"maxUnhealthy": 1}}})
 
 
-def facts(name: str, **kwargs: object) -> health.NodeFacts:
-    node = health.node_facts(raw_node(name, labels={"karpenter.sh/nodepool": "a100"}, **kwargs))  # type: ignore[arg-type]
+def facts(name: str, **kwargs: object) -> observed.NodeFacts:
+    node = observed.node_facts(raw_node(name, labels={"karpenter.sh/nodepool": "a100"}, **kwargs))  # type: ignore[arg-type]
     assert node is not None
     return node
 
 
 def test_the_table_shows_devices_signals_state_and_the_budget_hold() -> None:
     five_minutes = NOW - datetime.timedelta(minutes=5)
-    acted = NodeRecord(
+    acted = records.NodeRecord(
         signals={"deviceGap/nvidia.com/gpu": five_minutes},
         unhealthy_since=five_minutes,
         admitted_at=five_minutes,
         last_action="taint",
         last_action_at=NOW - datetime.timedelta(minutes=4),
     )
-    waiting = NodeRecord(signals={"deviceGap/nvidia.com/gpu": five_minutes}, unhealthy_since=five_minutes)
+    waiting = records.NodeRecord(
+        signals={"deviceGap/nvidia.com/gpu": five_minutes}, unhealthy_since=five_minutes
+    )
     cluster = report.Cluster(
         nodes=[
             facts(
                 "gpu-001",
                 allocatable=7,
                 record=acted,
-                taints=[{"key": health.TAINT_KEY, "effect": "NoSchedule"}],
+                taints=[{"key": observed.TAINT_KEY, "effect": "NoSchedule"}],
             ),
             facts("gpu-002", allocatable=6, record=waiting),
             facts("gpu-003"),
@@ -84,14 +85,14 @@ def test_explain_says_why_a_node_is_held_and_what_comes_next() -> None:
 
 def test_an_escalated_node_says_so_and_how_to_acknowledge_it() -> None:
     episode = NOW - datetime.timedelta(hours=2)
-    record = NodeRecord(
+    record = records.NodeRecord(
         unhealthy_since=episode,
         admitted_at=episode,
         clear_since=NOW - datetime.timedelta(hours=1),
         expected={"nvidia.com/gpu": 8},
         remediations=(NOW - datetime.timedelta(days=1),),
     )
-    tainted = [{"key": health.TAINT_KEY, "effect": "NoSchedule"}]
+    tainted = [{"key": observed.TAINT_KEY, "effect": "NoSchedule"}]
     cluster = report.Cluster(
         nodes=[facts("gpu-004", record=record, taints=tainted)], pods=[], breaker=BreakerState()
     )
@@ -118,9 +119,9 @@ def test_acknowledging_a_node_annotates_it_with_the_time() -> None:
     moment = NOW + datetime.timedelta(seconds=0.5)
     assert report.acknowledge(nodes, "gpu-004", moment) == "2026-03-01T12:00:00.500000Z"
     assert nodes.sent == [
-        ("gpu-004", {"metadata": {"annotations": {health.ACK_ANNOTATION: "2026-03-01T12:00:00.500000Z"}}})
+        ("gpu-004", {"metadata": {"annotations": {records.ACK_ANNOTATION: "2026-03-01T12:00:00.500000Z"}}})
     ]
     raw = raw_node("gpu-004")
-    raw["metadata"]["annotations"] = {health.ACK_ANNOTATION: "2026-03-01T12:00:00.500000Z"}
-    read = health.node_facts(raw)
+    raw["metadata"]["annotations"] = {records.ACK_ANNOTATION: "2026-03-01T12:00:00.500000Z"}
+    read = observed.node_facts(raw)
     assert read is not None and read.acknowledged_at == moment

@@ -247,6 +247,14 @@ def test_onfailure_job_is_converted_when_the_policy_says_so() -> None:
     assert job_errors(out["spec"], spec_of(out)) == []
 
 
+def test_a_job_whose_restart_policy_is_invalid_gets_no_pod_failure_policy(policy: Policy) -> None:
+    # Always is refused for a Job by the API server's own validation: gpuguard leaves that answer to it.
+    result = engine.mutate(job(restart_policy="Always"), policy)
+    assert spec_of(result.obj)["restartPolicy"] == "Always"
+    assert "podFailurePolicy" not in result.obj["spec"]
+    assert [d for d in result.decisions if d.rule == "podFailurePolicy"] == []
+
+
 @pytest.mark.parametrize(
     ("existing", "added"),
     [

@@ -12,7 +12,7 @@ import pytest
 from webhook.controllers import series
 from webhook.kube.remediation import ConflictError
 from webhook.metrics import Registry
-from webhook.policy.health import NodeRecord
+from webhook.policy.health import records
 
 from .test_health import GPU, raw_node, raw_pod
 from .test_nodehealth import ENFORCE
@@ -33,7 +33,7 @@ def observed(registry: Registry) -> dict[str, tuple[int, float]]:
 
 
 def test_condition_and_taint_are_timed_from_the_first_sight_of_the_signal() -> None:
-    seen = NodeRecord(signals={GAP: FIRST_SIGHT})
+    seen = records.NodeRecord(signals={GAP: FIRST_SIGHT})
     wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7, record=seen)])
     wired.node_health.reconcile("gpu-1")
     assert observed(wired.registry) == {"condition": (1, 700.0), "taint": (1, 700.0)}
@@ -44,7 +44,7 @@ def test_condition_and_taint_are_timed_from_the_first_sight_of_the_signal() -> N
 
 def test_a_node_with_nothing_left_to_drain_is_timed_as_drained_once() -> None:
     # Every device gone and no pod on the node: the drain is done as soon as it starts.
-    seen = NodeRecord(signals={GAP: FIRST_SIGHT})
+    seen = records.NodeRecord(signals={GAP: FIRST_SIGHT})
     wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=0, record=seen)])
     wired.node_health.reconcile("gpu-1")
     assert observed(wired.registry)["drained"] == (1, 700.0)
@@ -53,7 +53,7 @@ def test_a_node_with_nothing_left_to_drain_is_timed_as_drained_once() -> None:
 
 
 def test_a_step_already_on_the_node_or_refused_is_not_timed() -> None:
-    seen = NodeRecord(signals={GAP: FIRST_SIGHT})
+    seen = records.NodeRecord(signals={GAP: FIRST_SIGHT})
     wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7, record=seen)])
 
     def conflict(name: str, patch: dict[str, Any]) -> dict[str, Any]:
@@ -66,11 +66,11 @@ def test_a_step_already_on_the_node_or_refused_is_not_timed() -> None:
 
 @pytest.mark.parametrize(
     ("record", "waited"),
-    [(NodeRecord(signals={GAP: FIRST_SIGHT}), 700.0), (None, 0.0)],
+    [(records.NodeRecord(signals={GAP: FIRST_SIGHT}), 700.0), (None, 0.0)],
     ids=["from-the-node-s-first-signal", "at-first-sight-of-the-report"],
 )
 def test_an_eviction_is_timed_from_the_first_sight_of_the_failure(
-    record: NodeRecord | None, waited: float
+    record: records.NodeRecord | None, waited: float
 ) -> None:
     unhealthy = raw_pod(devices=[(f"{GPU} GPU-0", "Unhealthy")])
     wired = Wired(ENFORCE, [raw_node("gpu-1", allocatable=7, record=record)], [unhealthy])

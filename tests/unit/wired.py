@@ -16,8 +16,7 @@ from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer, ListPage, listed_events
 from webhook.kube.remediation import EvictionOutcome, EvictionResult, StoredState
 from webhook.metrics import Registry
-from webhook.policy import health
-from webhook.policy.health import NodeFacts, PodFacts
+from webhook.policy.health import fences, observed
 from webhook.policy.model import Policy
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
@@ -120,32 +119,35 @@ class Wired(HealthControllers):
         stop = threading.Event()
         self.now = NOW
         self.node_list = Listed(*nodes)
-        self.nodes: Informer[NodeFacts] = Informer(
+        self.nodes: Informer[observed.NodeFacts] = Informer(
             "nodes",
             self.node_list,
-            lambda raw: (f.name, f) if (f := health.node_facts(raw)) else None,
+            lambda raw: (f.name, f) if (f := observed.node_facts(raw)) else None,
             stop=stop,
         )
-        self.pods: Informer[PodFacts] = Informer(
-            "pods", Listed(*pods), lambda raw: (f.key, f) if (f := health.pod_facts(raw)) else None, stop=stop
+        self.pods: Informer[observed.PodFacts] = Informer(
+            "pods",
+            Listed(*pods),
+            lambda raw: (f.key, f) if (f := observed.pod_facts(raw)) else None,
+            stop=stop,
         )
         self.slice_list = Listed(*slices)
-        self.slices: Informer[health.SliceFacts] = Informer(
+        self.slices: Informer[observed.SliceFacts] = Informer(
             "resourceslices",
             self.slice_list,
-            lambda raw: (f.name, f) if (f := health.slice_facts(raw)) else None,
+            lambda raw: (f.name, f) if (f := observed.slice_facts(raw)) else None,
             stop=stop,
         )
-        self.claims: Informer[health.ClaimFacts] = Informer(
+        self.claims: Informer[observed.ClaimFacts] = Informer(
             "resourceclaims",
             Listed(*claims),
-            lambda raw: (f.key, f) if (f := health.claim_facts(raw)) else None,
+            lambda raw: (f.key, f) if (f := observed.claim_facts(raw)) else None,
             stop=stop,
         )
-        self.own_rules: Informer[health.OwnRule] = Informer(
+        self.own_rules: Informer[fences.OwnRule] = Informer(
             "devicetaintrules",
             Listed(*rules),
-            lambda raw: (f.name, f) if (f := health.own_rule(raw)) else None,
+            lambda raw: (f.name, f) if (f := fences.own_rule(raw)) else None,
             stop=stop,
         )
         self.rules = RecordedRules()

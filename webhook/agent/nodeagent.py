@@ -2,7 +2,7 @@
 
 Every `interval` seconds it asks the kubelet's PodResources API which devices the node's pods hold
 and which the node still allocates, and keeps each pod's `GPUGuardDevicesAllocatable` condition true
-to that (webhook.policy.holdings decides what to write). The pod device-health watcher of
+to that (webhook.policy.health.holdings decides what to write). The pod device-health watcher of
 `gpuguard controllers` reads the condition as it reads `allocatedResourcesStatus`, and decides under
 the policy whether to evict. The agent itself only reports: it never evicts, taints or deletes. What
 it remembers in memory (each resource's allocatable set on the last poll, the devices that left it,
@@ -29,8 +29,8 @@ from webhook.kube.events import EventRecorder, ObjectRef, api_sender
 from webhook.kube.informer import Informer
 from webhook.kube.remediation import ConflictError, NotFoundError
 from webhook.metrics import Registry
-from webhook.policy import holdings
-from webhook.policy.holdings import DeviceKey, Holding, PodView, Registration
+from webhook.policy.health import holdings
+from webhook.policy.health.holdings import DeviceKey, Holding, PodView, Registration
 
 log = logging.getLogger("gpuguard.node-agent")
 

@@ -14,7 +14,7 @@ from types import TracebackType
 
 import grpc
 
-from webhook.policy.holdings import Holding
+from webhook.policy.health.holdings import Holding
 
 SERVICE = "v1.PodResourcesLister"
 # The kubelet's socket, under the directory the DaemonSet mounts read-only.

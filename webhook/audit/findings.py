@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from webhook.policy import engine, rules
+from webhook.policy import accelerators, engine, rules
 from webhook.policy.facts import ClusterFacts
 from webhook.policy.model import MUTATING_RULES, RULE_IDS, Mode, Policy, RuleId
 from webhook.policy.workload import JSON, Workload, as_dict, dicts, locate, locate_all, text
@@ -180,7 +180,9 @@ def running_on_accelerator_node(pod: JSON, policy: Policy, facts: ClusterFacts) 
         return None
     node_name = text(workload.pod_spec.get("nodeName"))
     node = facts.nodes.get(node_name)
-    if node is None or not rules.is_accelerator_node(node, policy):
+    if node is None or not accelerators.is_accelerator_node(
+        policy.accelerators, labels=node.labels, resources=node.resources
+    ):
         return None
     validated = engine.validate(pod, policy, namespace=workload.namespace, facts=facts)
     denials = [d for d in validated.decisions if d.rule == GUARD and _VERDICT_OF_OUTCOME[d.outcome] == "deny"]
@@ -199,7 +201,9 @@ def node_findings(policy: Policy, facts: ClusterFacts) -> list[Finding]:
     taint_keys = set(policy.accelerators.taintKeys)
     findings = []
     for name, node in facts.nodes.items():
-        if not rules.is_accelerator_node(node, policy):
+        if not accelerators.is_accelerator_node(
+            policy.accelerators, labels=node.labels, resources=node.resources
+        ):
             continue
         keeping = [t for t in node.taints if t.key in taint_keys and t.effect in KEEPING_EFFECTS]
         if keeping:

@@ -37,8 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from webhook.cli import inputs, output, workloads
 from webhook.cli.workloads import Evaluation
+from webhook.policy.errors import describe_errors
 from webhook.policy.facts import ClusterFacts
-from webhook.policy.model import RULE_IDS, Policy, RuleId, describe_errors
+from webhook.policy.model import RULE_IDS, Policy, RuleId
 
 TEST_FILE = "gpuguard-test.yaml"
 Result = Literal["denied", "would-deny", "applied", "would-apply", "notice", "off", "pass"]

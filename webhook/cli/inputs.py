@@ -18,6 +18,7 @@ import yaml
 
 from webhook.certs import files as certfiles
 from webhook.cli.output import UsageError
+from webhook.policy.errors import yaml_problem
 from webhook.policy.facts import ClusterFacts
 from webhook.policy.model import (
     CONFIGMAP_KEY,
@@ -25,7 +26,6 @@ from webhook.policy.model import (
     PolicyError,
     default_policy,
     parse_policy,
-    yaml_problem,
 )
 
 STDIN = "-"

@@ -20,15 +20,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from webhook.cli import inputs, output
-from webhook.policy import drivers, health
+from webhook.policy import drivers
 from webhook.policy.facts import nodes_of
+from webhook.policy.health import fences, ladder, observed, records
 from webhook.policy.model import Policy, PolicyError
 
 if TYPE_CHECKING:
-    from webhook.controllers.fleet import BreakerState
+    from webhook.controllers.breaker import BreakerState
     from webhook.controllers.report import Row
     from webhook.kube.client import ApiClient
-    from webhook.policy.health import NodePlan
 
 NONE = "<none>"
 DEFAULT_NAMESPACE = "gpuguard"
@@ -144,18 +144,18 @@ def _age(moment: datetime.datetime | None, now: datetime.datetime) -> str:
     return f"{seconds}s"
 
 
-def _devices(plan: NodePlan) -> str:
+def _devices(plan: ladder.NodePlan) -> str:
     devices = plan.assessment.devices
     return ",".join(f"{name}={free}/{total}" for name, (free, total) in devices.items()) or NONE
 
 
-def _signals(plan: NodePlan, now: datetime.datetime) -> str:
+def _signals(plan: ladder.NodePlan, now: datetime.datetime) -> str:
     kinds = [f"{s.kind}{'' if s.due(now) else '?'}" for s in plan.assessment.signals]
     kinds += [f"({s.kind} suppressed)" for s in plan.assessment.suppressed]
     return ",".join(dict.fromkeys(kinds)) or NONE
 
 
-def _state(plan: NodePlan) -> str:
+def _state(plan: ladder.NodePlan) -> str:
     state = plan.assessment.state
     if plan.hands_off:
         for word, why in (("labelled", "excluded"), ("paused", "paused")):
@@ -210,7 +210,7 @@ def breaker_line(breaker: BreakerState, now: datetime.datetime) -> str:
 EFFECTS = {"do": "next", "would": "would (not enforced)", "hold": "held"}
 
 
-def _dra_devices(node: health.NodeFacts, plan: NodePlan) -> list[str]:
+def _dra_devices(node: observed.NodeFacts, plan: ladder.NodePlan) -> list[str]:
     """The DRA devices with something to say: a taint (of any effect), a claim's condition on them,
     gpuguard's DeviceTaintRule (as it is, and as the plan wants it)."""
     lines = []
@@ -227,7 +227,7 @@ def _dra_devices(node: health.NodeFacts, plan: NodePlan) -> list[str]:
         if rule is not None or wanted is not None:
             now_effect = f"{rule}" if rule is not None else "none"
             want_effect = wanted.effect if wanted is not None else "deleted"
-            said.append(f"DeviceTaintRule {health.rule_name(device.id)}: {now_effect}, wanted {want_effect}")
+            said.append(f"DeviceTaintRule {fences.rule_name(device.id)}: {now_effect}, wanted {want_effect}")
         if said:
             lines.append(f"  {device.id}: {'; '.join(said)}")
     return ["DRA devices:", *lines] if lines else []
@@ -239,7 +239,7 @@ def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datet
     lines = [
         f"Node:        {a.node}",
         f"Pool:        {a.pool or NONE}",
-        f"Accelerator: {'yes' if a.accelerator else 'no (not selected by the policy, or no accelerator resource or label)'}",
+        f"Accelerator: {'yes' if a.in_scope else 'no (not selected by the policy, or no accelerator resource or label)'}",
         f"Devices:     {_devices(plan)} (allocatable/capacity; a DRA driver's: not tainted/published)",
         f"State:       {_state(plan)}",
         "Signals:",
@@ -261,7 +261,7 @@ def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datet
     if row.node.record_error:
         lines.append(f"Record:      {row.node.record_error}")
     if record is not None:
-        lines.append(f"Record ({health.RECORD_ANNOTATION}):")
+        lines.append(f"Record ({records.RECORD_ANNOTATION}):")
         for label, moment in (
             ("unhealthy since", record.unhealthy_since),
             ("in the budget since", record.admitted_at),
@@ -270,7 +270,7 @@ def explain(row: Row, policy: Policy, breaker: BreakerState, now: datetime.datet
             ("cancelled by an operator", record.cancelled_at),
         ):
             if moment is not None:
-                lines.append(f"  {label}: {health.format_time(moment)} ({_age(moment, now)} ago)")
+                lines.append(f"  {label}: {records.format_time(moment)} ({_age(moment, now)} ago)")
         lines.append(f"  cordoned by gpuguard: {'yes' if record.cordoned else 'no'}")
         if record.last_action:
             lines.append(f"  last action: {record.last_action} {_age(record.last_action_at, now)} ago")

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from webhook import probes
 from webhook.controllers import nativesync, series
-from webhook.controllers.fleet import DUE_LOG_WRITE_SECONDS, disrupts
+from webhook.controllers.breaker import DUE_LOG_WRITE_SECONDS, disrupts
 from webhook.controllers.nodehealth import announce
 from webhook.controllers.wiring import HealthControllers
 from webhook.kube import facts, remediation
@@ -33,8 +33,7 @@ from webhook.kube.informer import Informer
 from webhook.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector, LeaseStore
 from webhook.kube.policy_source import PolicyConfigMap
 from webhook.metrics import LabelValues, Registry
-from webhook.policy import health
-from webhook.policy.health import NodeFacts, PodFacts
+from webhook.policy.health import fences, observed
 from webhook.policy.model import CONFIGMAP_KEY, Policy
 from webhook.policy_store import FileWatcher, PolicyStore, initial_policy
 
@@ -85,28 +84,28 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _node(raw: dict[str, Any]) -> tuple[Hashable, NodeFacts] | None:
-    node = health.node_facts(raw)
+def _node(raw: dict[str, Any]) -> tuple[Hashable, observed.NodeFacts] | None:
+    node = observed.node_facts(raw)
     return (node.name, node) if node is not None else None
 
 
-def _pod(raw: dict[str, Any]) -> tuple[Hashable, PodFacts] | None:
-    pod = health.pod_facts(raw)
+def _pod(raw: dict[str, Any]) -> tuple[Hashable, observed.PodFacts] | None:
+    pod = observed.pod_facts(raw)
     return (pod.key, pod) if pod is not None else None
 
 
-def _slice(raw: dict[str, Any]) -> tuple[Hashable, health.SliceFacts] | None:
-    piece = health.slice_facts(raw)
+def _slice(raw: dict[str, Any]) -> tuple[Hashable, observed.SliceFacts] | None:
+    piece = observed.slice_facts(raw)
     return (piece.name, piece) if piece is not None else None
 
 
-def _claim(raw: dict[str, Any]) -> tuple[Hashable, health.ClaimFacts] | None:
-    claim = health.claim_facts(raw)
+def _claim(raw: dict[str, Any]) -> tuple[Hashable, observed.ClaimFacts] | None:
+    claim = observed.claim_facts(raw)
     return (claim.key, claim) if claim is not None else None
 
 
-def _own_rule(raw: dict[str, Any]) -> tuple[Hashable, health.OwnRule] | None:
-    rule = health.own_rule(raw)
+def _own_rule(raw: dict[str, Any]) -> tuple[Hashable, fences.OwnRule] | None:
+    rule = fences.own_rule(raw)
     return (rule.name, rule) if rule is not None else None
 
 
@@ -127,8 +126,8 @@ class ControllerManager:
         self.store = PolicyStore(initial, source=source)
         self.events = EventRecorder(api_sender(api), stop=stop)
         self.registry = Registry()
-        self.nodes: Informer[NodeFacts] = Informer("nodes", remediation.nodes(api), _node, stop=stop)
-        self.pods: Informer[PodFacts] = Informer("pods", remediation.pods(api), _pod, stop=stop)
+        self.nodes: Informer[observed.NodeFacts] = Informer("nodes", remediation.nodes(api), _node, stop=stop)
+        self.pods: Informer[observed.PodFacts] = Informer("pods", remediation.pods(api), _pod, stop=stop)
         self.namespaces: Informer[dict[str, str]] = Informer(
             "namespaces", remediation.namespaces(api), facts.namespace_labels, stop=stop
         )
@@ -139,13 +138,13 @@ class ControllerManager:
             stop=stop,
         )
         # DRA: a cluster that serves no resource.k8s.io/v1 leaves them unserved, and nodes without devices.
-        self.slices: Informer[health.SliceFacts] = Informer(
+        self.slices: Informer[observed.SliceFacts] = Informer(
             "resourceslices", remediation.resource_slices(api), _slice, stop=stop
         )
-        self.claims: Informer[health.ClaimFacts] = Informer(
+        self.claims: Informer[observed.ClaimFacts] = Informer(
             "resourceclaims", remediation.resource_claims(api), _claim, stop=stop
         )
-        self.own_rules: Informer[health.OwnRule] = Informer(
+        self.own_rules: Informer[fences.OwnRule] = Informer(
             "devicetaintrules", remediation.own_device_taint_rules(api), _own_rule, stop=stop
         )
         # gpuguard's own admission policies and bindings (admission.mode): only those it labelled.

@@ -20,25 +20,14 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, DraIndex, Ledger, PodIndex, Trip, disrupts
+from webhook.controllers.breaker import Breaker, Trip, disrupts
+from webhook.controllers.fleet import DeviceReports, DraIndex, Ledger, PodIndex
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import ConflictError, NotFoundError
 from webhook.metrics import Registry
-from webhook.policy import health
-from webhook.policy.health import (
-    CONDITION_TYPE,
-    RECORD_ANNOTATION,
-    TAINT_KEY,
-    Fleet,
-    NodeFacts,
-    NodePlan,
-    NodeRecord,
-    PodFacts,
-    Step,
-    Taint,
-)
+from webhook.policy.health import fences, ladder, observed, records
 from webhook.policy.model import Policy
 
 # A node whose write conflicted is looked at again after this, should no watch event bring it back.
@@ -106,8 +95,8 @@ class NodeHealth:
     def __init__(
         self,
         *,
-        nodes: Informer[NodeFacts],
-        pods: Informer[PodFacts],
+        nodes: Informer[observed.NodeFacts],
+        pods: Informer[observed.PodFacts],
         index: PodIndex,
         reports: DeviceReports,
         dra: DraIndex,
@@ -150,7 +139,7 @@ class NodeHealth:
 
     # --- informer handlers (the informer's thread) ---------------------------------------------------
 
-    def node_changed(self, change: Change[NodeFacts]) -> None:
+    def node_changed(self, change: Change[observed.NodeFacts]) -> None:
         name = str(change.key)
         if change.new is None:
             self.ledger.forget(name)
@@ -201,13 +190,13 @@ class NodeHealth:
         pods = [self.reports.of(pod) for pod in cached if pod is not None]
         pool = policy.health.pool_of(facts.labels)
         breaker = self.breaker.state
-        fleet = Fleet(
+        fleet = ladder.Fleet(
             pool_nodes=max(self.ledger.pool_size(pool), 1),
             pool_admitted=self.ledger.admitted_in(pool, excluding=name),
             breaker_open=breaker.open,
         )
         previous = self.ledger.entry(name)
-        plan = health.plan_node(facts, pods, policy, fleet, now, record)
+        plan = ladder.plan_node(facts, pods, policy, fleet, now, record)
         if plan.clamped:
             # The record is compared across replicas: their wall clocks must agree.
             log.warning(
@@ -218,7 +207,7 @@ class NodeHealth:
             )
         self.ledger.update(name, plan, persisted=_on_node(facts, plan, persist), now=now)
         if not breaker.open and self._trips(facts, plan, policy):
-            plan = health.plan_node(facts, pods, policy, replace(fleet, breaker_open=True), now, record)
+            plan = ladder.plan_node(facts, pods, policy, replace(fleet, breaker_open=True), now, record)
             self.ledger.update(name, plan, persisted=_on_node(facts, plan, persist), now=now)
         if (
             previous is not None
@@ -242,7 +231,7 @@ class NodeHealth:
             self.on_drain(name)
         return Result(requeue_after=plan.requeue_after)
 
-    def _record(self, facts: NodeFacts, persist: bool) -> NodeRecord | None:
+    def _record(self, facts: observed.NodeFacts, persist: bool) -> records.NodeRecord | None:
         """What gpuguard knows of the node: the record on it, or the one kept in memory while nothing
         may be written (audit, warn; a node left alone) or while it holds nothing but first sightings
         (`health.sightings_only`). A record only simulated in audit mode is never taken for what was
@@ -253,11 +242,11 @@ class NodeHealth:
         entry = self.ledger.entry(facts.name)
         if memory is not None and entry is not None and entry.hands_off:
             return memory
-        if facts.record is None and memory is not None and health.sightings_only(memory):
+        if facts.record is None and memory is not None and records.sightings_only(memory):
             return memory
         return facts.record
 
-    def _trips(self, facts: NodeFacts, plan: NodePlan, policy: Policy) -> bool:
+    def _trips(self, facts: observed.NodeFacts, plan: ladder.NodePlan, policy: Policy) -> bool:
         """Logs the node with the breaker when it became due, and asks the breaker; True when it opened
         now (an audit trip holds nothing)."""
         if plan.hands_off or plan.record is None or plan.record.unhealthy_since is None:
@@ -272,7 +261,9 @@ class NodeHealth:
         announce(trip, _ref(facts.name, facts.uid), self.events, self.registry)
         return trip.enforced
 
-    def _write(self, facts: NodeFacts, plan: NodePlan, *, persist: bool, now: datetime.datetime) -> None:
+    def _write(
+        self, facts: observed.NodeFacts, plan: ladder.NodePlan, *, persist: bool, now: datetime.datetime
+    ) -> None:
         version = facts.resource_version
         if plan.condition != facts.condition:
             conditions = [_condition(facts, plan, now)]
@@ -280,21 +271,21 @@ class NodeHealth:
             version = _version(self.writes.patch_status(facts.name, patch))
         node_patch: dict[str, Any] = {}
         if plan.tainted != facts.tainted:
-            taints = [taint.to_raw() for taint in facts.taints if taint.key != TAINT_KEY]
+            taints = [taint.to_raw() for taint in facts.taints if taint.key != observed.TAINT_KEY]
             if plan.tainted:
-                taints.append(Taint(TAINT_KEY, "", "NoSchedule").to_raw())
+                taints.append(observed.Taint(observed.TAINT_KEY, "", "NoSchedule").to_raw())
             node_patch.setdefault("spec", {})["taints"] = taints
         if plan.unschedulable != facts.unschedulable:
             node_patch.setdefault("spec", {})["unschedulable"] = True if plan.unschedulable else None
         if _on_node(facts, plan, persist) and _record_text(plan.record) != _record_text(facts.record):
-            node_patch["metadata"] = {"annotations": {RECORD_ANNOTATION: _record_text(plan.record)}}
+            node_patch["metadata"] = {"annotations": {records.RECORD_ANNOTATION: _record_text(plan.record)}}
         if node_patch:
             node_patch.setdefault("metadata", {})["resourceVersion"] = version
             self.writes.patch(facts.name, node_patch)
         self._fence(facts, plan)
         self._time_to_act(facts, plan, now)
 
-    def _fence(self, facts: NodeFacts, plan: NodePlan) -> None:
+    def _fence(self, facts: observed.NodeFacts, plan: ladder.NodePlan) -> None:
         """gpuguard's DeviceTaintRules on the node's devices made what the plan wants: created,
         their effect changed, or deleted (a device no longer failed, a node no longer remediated)."""
         existing = self.dra.rules_of(facts.name)
@@ -306,9 +297,9 @@ class NodeHealth:
                 self.rules.patch_effect(rule.name, rule.resource_version, fence.effect)
         for device, fence in sorted(plan.fences.items()):
             if device not in existing:
-                self.rules.create(health.rule_object(fence, facts.name, facts.uid))
+                self.rules.create(fences.rule_object(fence, facts.name, facts.uid))
 
-    def _time_to_act(self, facts: NodeFacts, plan: NodePlan, now: datetime.datetime) -> None:
+    def _time_to_act(self, facts: observed.NodeFacts, plan: ladder.NodePlan, now: datetime.datetime) -> None:
         """Observes, once its write went out, how long after the first sight of the node's signals each
         step was taken: the condition, the taint, the node found drained."""
         if plan.record is None or not plan.record.signals or plan.condition is None:
@@ -328,7 +319,7 @@ class NodeHealth:
             if taken:
                 self.registry.observe(series.TIME_TO_ACT, waited, step)
 
-    def _report(self, facts: NodeFacts, plan: NodePlan, policy: Policy) -> None:
+    def _report(self, facts: observed.NodeFacts, plan: ladder.NodePlan, policy: Policy) -> None:
         if plan.record_lost:
             log.warning("node %s: %s", facts.name, plan.record_lost)
             self.events.record(
@@ -370,7 +361,7 @@ def _ref(name: str, uid: str = "") -> ObjectRef:
     return ObjectRef("v1", "Node", "", name, uid)
 
 
-def _action(step: Step) -> str:
+def _action(step: ladder.Step) -> str:
     return {
         "condition": "MarkUnhealthy",
         "taint": "Taint",
@@ -384,29 +375,29 @@ def _version(raw: dict[str, Any]) -> str:
     return str(raw["metadata"]["resourceVersion"])
 
 
-def _on_node(facts: NodeFacts, plan: NodePlan, persist: bool) -> bool:
+def _on_node(facts: observed.NodeFacts, plan: ladder.NodePlan, persist: bool) -> bool:
     """The plan's record goes on the node: records are written once any node action is enforced, and
     then only when they say more than when signals were first seen, or to change one already there."""
     if not persist:
         return False
-    return facts.record is not None or plan.record is None or not health.sightings_only(plan.record)
+    return facts.record is not None or plan.record is None or not records.sightings_only(plan.record)
 
 
-def _record_text(record: NodeRecord | None) -> str | None:
+def _record_text(record: records.NodeRecord | None) -> str | None:
     return record.to_json() if record is not None else None
 
 
-def _condition(facts: NodeFacts, plan: NodePlan, now: datetime.datetime) -> dict[str, Any]:
+def _condition(facts: observed.NodeFacts, plan: ladder.NodePlan, now: datetime.datetime) -> dict[str, Any]:
     if plan.condition is None:
-        return {"type": CONDITION_TYPE, "$patch": "delete"}
+        return {"type": observed.CONDITION_TYPE, "$patch": "delete"}
     entry: dict[str, Any] = {
-        "type": CONDITION_TYPE,
+        "type": observed.CONDITION_TYPE,
         "status": plan.condition.status,
         "reason": plan.condition.reason,
         "message": plan.condition.message,
     }
     if facts.condition is None or facts.condition.status != plan.condition.status:
         # A condition's lastTransitionTime moves only when its status does.
-        entry["lastTransitionTime"] = health.format_time(now)
-        entry["lastHeartbeatTime"] = health.format_time(now)
+        entry["lastTransitionTime"] = records.format_time(now)
+        entry["lastHeartbeatTime"] = records.format_time(now)
     return entry

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.controllers import series
-from webhook.controllers.fleet import Breaker, DeviceReports, DraIndex, EvictionRateLimits, PodIndex, disrupts
+from webhook.controllers.breaker import Breaker, disrupts
+from webhook.controllers.fleet import DeviceReports, DraIndex, EvictionRateLimits, PodIndex
 from webhook.controllers.nodehealth import announce
 from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import EvictionOutcome
 from webhook.metrics import Registry
-from webhook.policy import health
-from webhook.policy.health import HELD_RECHECK_SECONDS, NodeFacts, PodFacts, PodVerdict
+from webhook.policy.health import ladder, observed, podverdicts, signals
 from webhook.policy.model import Policy
 
 WORKERS = 2
@@ -57,8 +57,8 @@ class PodHealth:
     def __init__(
         self,
         *,
-        pods: Informer[PodFacts],
-        nodes: Informer[NodeFacts],
+        pods: Informer[observed.PodFacts],
+        nodes: Informer[observed.NodeFacts],
         index: PodIndex,
         reports: DeviceReports,
         dra: DraIndex,
@@ -98,7 +98,7 @@ class PodHealth:
         self.registry.inc(series.RECONCILES, "pod-health", outcome)
         self.registry.observe(series.RECONCILE_SECONDS, seconds, "pod-health")
 
-    def pod_changed(self, change: Change[PodFacts]) -> None:
+    def pod_changed(self, change: Change[observed.PodFacts]) -> None:
         self.controller.enqueue(str(change.key))
 
     def enqueue(self, keys: list[str]) -> None:
@@ -109,7 +109,7 @@ class PodHealth:
         keys: list[Hashable] = list(self.pods.snapshot())
         self.enqueue([str(key) for key in keys])
 
-    def draining(self, node: NodeFacts | None, policy: Policy) -> bool:
+    def draining(self, node: observed.NodeFacts | None, policy: Policy) -> bool:
         """The node is being drained for real (a drain in audit mode only says it would be). A drain
         gpuguard did always comes with its cordon: a record of one without (an earlier version recorded
         drains only said) evicts nothing until the node controller has cordoned the node."""
@@ -131,12 +131,12 @@ class PodHealth:
         node = self.dra.joined(known) if known is not None else None
         settled = self._driver_settled(pod, policy, now)
         with self._lock:
-            if health.has_unknown_device(pod, policy, driver_settled=settled):
+            if podverdicts.has_unknown_device(pod, policy, driver_settled=settled):
                 unknown_since = self._unknown_since.setdefault(key, now)
             else:
                 unknown_since = None
                 self._unknown_since.pop(key, None)
-        verdict = health.pod_verdict(
+        verdict = podverdicts.pod_verdict(
             pod,
             policy,
             now,
@@ -152,10 +152,10 @@ class PodHealth:
             with self._lock:
                 self._attempts.pop(key, None)
             return Result(requeue_after=verdict.requeue_after)
-        if node is not None and not health.is_accelerator_node(node, policy):
+        if node is not None and not signals.in_health_scope(node, policy):
             # Outside what gpuguard remediates (health.nodeSelector): not its pod to evict, nor to
             # speak of. Looked at again: the node may be relabelled into scope.
-            return Result(requeue_after=HELD_RECHECK_SECONDS)
+            return Result(requeue_after=ladder.HELD_RECHECK_SECONDS)
         mode = policy.health_mode("evict", pod.namespace, self.namespace_labels(pod.namespace))
         if mode == "off":
             return Result()
@@ -172,7 +172,7 @@ class PodHealth:
         if held:
             self._record(pod, "EvictionHeld", f"eviction held: {held}; {verdict.message}", warning=True)
             self.registry.inc(series.REMEDIATIONS, "evict", "held")
-            return Result(requeue_after=HELD_RECHECK_SECONDS)
+            return Result(requeue_after=ladder.HELD_RECHECK_SECONDS)
         wait = self.limits.reserve(pod.node, pod.namespace, policy)
         if wait > 0:
             return Result(requeue_after=wait)
@@ -184,7 +184,9 @@ class PodHealth:
                 self.limits.release(pod.node, pod.namespace)  # no eviction happened: the slot is free
         return self._evicted(key, pod, verdict, outcome, policy, now)
 
-    def _count_due(self, node: NodeFacts, policy: Policy, *, enforced: bool, now: datetime.datetime) -> str:
+    def _count_due(
+        self, node: observed.NodeFacts, policy: Policy, *, enforced: bool, now: datetime.datetime
+    ) -> str:
         """Logs the node as due with the breaker; "circuit breaker open" when that opened it."""
         self.breaker.became_due(node.name, node.uid, now)
         trip = self.breaker.evaluate(policy, self.fleet_size(), enforced=enforced)
@@ -193,18 +195,18 @@ class PodHealth:
         announce(trip, ObjectRef("v1", "Node", "", node.name, node.uid), self.events, self.registry)
         return "circuit breaker open" if trip.enforced else ""
 
-    def _driver_settled(self, pod: PodFacts, policy: Policy, now: datetime.datetime) -> bool:
+    def _driver_settled(self, pod: observed.PodFacts, policy: Policy, now: datetime.datetime) -> bool:
         """The device plugins or DRA drivers on the pod's node run settled (asked only of a pod with
         a device that reported before and is Unknown now: the node's pods are not looked at otherwise)."""
         if not any(d.health == "Unknown" and (d.resource, d.device) in pod.reported for d in pod.devices):
             return False
         node_pods = (self.pods.get(key) for key in self.index.keys_on(pod.node))
-        return health.plugins_settled((p for p in node_pods if p is not None), policy, now)
+        return signals.plugins_settled((p for p in node_pods if p is not None), policy, now)
 
-    def _held(self, pod: PodFacts, node: NodeFacts | None, policy: Policy) -> str:
+    def _held(self, pod: observed.PodFacts, node: observed.NodeFacts | None, policy: Policy) -> str:
         if node is None:
             return f"node {pod.node} is not known yet, nor its labels"
-        left_alone = health.left_alone(node, policy)
+        left_alone = signals.left_alone(node, policy)
         if left_alone:
             return left_alone
         if self.breaker.state.open:
@@ -214,8 +216,8 @@ class PodHealth:
     def _evicted(
         self,
         key: str,
-        pod: PodFacts,
-        verdict: PodVerdict,
+        pod: observed.PodFacts,
+        verdict: podverdicts.PodVerdict,
         outcome: EvictionOutcome,
         policy: Policy,
         now: datetime.datetime,
@@ -257,9 +259,9 @@ class PodHealth:
             self._record(
                 pod, "EvictionBlocked", f"eviction refused, will retry: {outcome.message}", warning=True
             )
-        return Result(requeue_after=health.eviction_retry_seconds(policy, refused))
+        return Result(requeue_after=podverdicts.eviction_retry_seconds(policy, refused))
 
-    def _first_sight(self, key: str, pod: PodFacts, now: datetime.datetime) -> datetime.datetime:
+    def _first_sight(self, key: str, pod: observed.PodFacts, now: datetime.datetime) -> datetime.datetime:
         """When what the pod is evicted for was first seen: its node's earliest signal, or its device's
         Unknown report; now when neither (an Unhealthy device is acted on at first sight)."""
         node = self.nodes.get(pod.node)
@@ -268,7 +270,7 @@ class PodHealth:
             unknown = self._unknown_since.get(key)
         return min([*moments, *([unknown] if unknown is not None else [])], default=now)
 
-    def _record(self, pod: PodFacts, reason: Reason, note: str, *, warning: bool) -> None:
+    def _record(self, pod: observed.PodFacts, reason: Reason, note: str, *, warning: bool) -> None:
         ref = ObjectRef("v1", "Pod", pod.namespace, pod.name, pod.uid)
         self.events.record(ref, reason, note, action="Evict", warning=warning)
 

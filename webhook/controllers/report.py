@@ -14,12 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from webhook.controllers.fleet import BreakerState, DraIndex, Ledger
+from webhook.controllers.breaker import BreakerState
+from webhook.controllers.fleet import DraIndex, Ledger
 from webhook.kube import remediation
 from webhook.kube.client import ApiClient
 from webhook.kube.informer import Change, ListWatch, NotServedError
-from webhook.policy import health
-from webhook.policy.health import Fleet, NodeFacts, NodePlan, PodFacts
+from webhook.policy.health import fences, ladder, observed, records
 from webhook.policy.model import CONFIGMAP_KEY, Policy, default_policy, parse_policy
 
 STATE_CONFIGMAP = "gpuguard-remediation"
@@ -27,8 +27,8 @@ STATE_CONFIGMAP = "gpuguard-remediation"
 
 @dataclass(frozen=True)
 class Cluster:
-    nodes: list[NodeFacts]
-    pods: list[PodFacts]
+    nodes: list[observed.NodeFacts]
+    pods: list[observed.PodFacts]
     breaker: BreakerState
 
 
@@ -48,13 +48,13 @@ def _dra(api: ApiClient) -> DraIndex:
     dra = DraIndex()
     try:
         for raw in _list(remediation.resource_slices(api)):
-            if (piece := health.slice_facts(raw)) is not None:
+            if (piece := observed.slice_facts(raw)) is not None:
                 dra.slice_changed(Change(piece.name, None, piece))
         for raw in _list(remediation.resource_claims(api)):
-            if (claim := health.claim_facts(raw)) is not None:
+            if (claim := observed.claim_facts(raw)) is not None:
                 dra.claim_changed(Change(claim.key, None, claim))
         for raw in _list(remediation.own_device_taint_rules(api)):
-            if (rule := health.own_rule(raw)) is not None:
+            if (rule := fences.own_rule(raw)) is not None:
                 dra.rule_changed(Change(rule.name, None, rule))
     except NotServedError:
         pass
@@ -64,9 +64,9 @@ def _dra(api: ApiClient) -> DraIndex:
 def read_cluster(api: ApiClient, namespace: str) -> Cluster:
     dra = _dra(api)
     nodes = [
-        dra.joined(n) for raw in _list(remediation.nodes(api)) if (n := health.node_facts(raw)) is not None
+        dra.joined(n) for raw in _list(remediation.nodes(api)) if (n := observed.node_facts(raw)) is not None
     ]
-    pods = [p for raw in _list(remediation.pods(api)) if (p := health.pod_facts(raw)) is not None]
+    pods = [p for raw in _list(remediation.pods(api)) if (p := observed.pod_facts(raw)) is not None]
     state = remediation.ConfigMapStore(api, namespace, STATE_CONFIGMAP).read()
     return Cluster(nodes, pods, BreakerState.from_data(state.data))
 
@@ -82,28 +82,28 @@ def read_policy(api: ApiClient, configmap: str) -> tuple[Policy, str]:
 
 @dataclass(frozen=True)
 class Row:
-    node: NodeFacts
+    node: observed.NodeFacts
     # What the leader would decide now; `node.record` is what gpuguard recorded so far.
-    plan: NodePlan
+    plan: ladder.NodePlan
 
 
 def plans(cluster: Cluster, policy: Policy, now: datetime.datetime) -> list[Row]:
     """Every accelerator node's plan (and any node carrying gpuguard's marks), by name."""
     ledger = Ledger()
     ledger.seed(cluster.nodes, policy, now)
-    by_node: dict[str, list[PodFacts]] = {}
+    by_node: dict[str, list[observed.PodFacts]] = {}
     for pod in cluster.pods:
         by_node.setdefault(pod.node, []).append(pod)
     found = []
     for node in sorted(cluster.nodes, key=lambda n: n.name):
         pool = policy.health.pool_of(node.labels)
-        fleet = Fleet(
+        fleet = ladder.Fleet(
             pool_nodes=max(ledger.pool_size(pool), 1),
             pool_admitted=ledger.admitted_in(pool, excluding=node.name),
             breaker_open=cluster.breaker.open,
         )
-        plan = health.plan_node(node, by_node.get(node.name, []), policy, fleet, now)
-        if plan.assessment.accelerator or plan.record is not None or plan.steps:
+        plan = ladder.plan_node(node, by_node.get(node.name, []), policy, fleet, now)
+        if plan.assessment.in_scope or plan.record is not None or plan.steps:
             found.append(Row(node, plan))
     return found
 
@@ -130,6 +130,6 @@ class NodePatch(Protocol):
 def acknowledge(nodes: NodePatch, name: str, now: datetime.datetime) -> str:
     """An operator's acknowledgement of a node: gpuguard forgets the repeated failures and the expected
     device counts it recorded before `now` (the controllers act on the annotation). The time written."""
-    moment = health.format_record_time(now)
-    nodes.patch(name, {"metadata": {"annotations": {health.ACK_ANNOTATION: moment}}})
+    moment = records.format_record_time(now)
+    nodes.patch(name, {"metadata": {"annotations": {records.ACK_ANNOTATION: moment}}})
     return moment

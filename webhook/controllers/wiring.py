@@ -11,21 +11,14 @@ import datetime
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from webhook.controllers.fleet import (
-    Breaker,
-    DeviceReports,
-    DraIndex,
-    EvictionRateLimits,
-    Ledger,
-    PodIndex,
-    StateStore,
-)
+from webhook.controllers.breaker import Breaker, StateStore
+from webhook.controllers.fleet import DeviceReports, DraIndex, EvictionRateLimits, Ledger, PodIndex
 from webhook.controllers.nodehealth import DeviceTaintRules, NodeHealth, NodeWrites
 from webhook.controllers.podhealth import Evictions, PodHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Change, Informer
 from webhook.metrics import Registry
-from webhook.policy.health import ClaimFacts, NodeFacts, OwnRule, PodFacts, SliceFacts
+from webhook.policy.health import fences, observed
 from webhook.policy.model import Policy
 
 
@@ -33,8 +26,8 @@ class HealthControllers:
     def __init__(
         self,
         *,
-        nodes: Informer[NodeFacts],
-        pods: Informer[PodFacts],
+        nodes: Informer[observed.NodeFacts],
+        pods: Informer[observed.PodFacts],
         namespace_labels: Callable[[str], Mapping[str, str] | None],
         policy: Callable[[], Policy],
         writes: NodeWrites,
@@ -45,9 +38,9 @@ class HealthControllers:
         registry: Registry,
         clock: Callable[[], datetime.datetime],
         stop: threading.Event,
-        slices: Informer[SliceFacts] | None = None,
-        claims: Informer[ClaimFacts] | None = None,
-        own_rules: Informer[OwnRule] | None = None,
+        slices: Informer[observed.SliceFacts] | None = None,
+        claims: Informer[observed.ClaimFacts] | None = None,
+        own_rules: Informer[fences.OwnRule] | None = None,
     ) -> None:
         self.ledger = Ledger()
         self.index = PodIndex()
@@ -99,24 +92,24 @@ class HealthControllers:
         if own_rules is not None:
             own_rules.on_change(self.rule_changed)
 
-    def pod_changed(self, change: Change[PodFacts]) -> None:
+    def pod_changed(self, change: Change[observed.PodFacts]) -> None:
         # Remembered before either controller is enqueued: neither decides on a status not yet counted.
         self.reports.observe(change)
         self.node_health.pods_changed(self.index.changed(str(change.key), change.new))
         self.pod_health.pod_changed(change)
 
-    def claim_changed(self, change: Change[ClaimFacts]) -> None:
+    def claim_changed(self, change: Change[observed.ClaimFacts]) -> None:
         self.node_health.devices_changed(self.dra.claim_changed(change))
         claims = [claim for claim in (change.old, change.new) if claim is not None]
         self.pod_health.enqueue(sorted({f"{c.namespace}/{pod}" for c in claims for pod in c.pods}))
 
-    def rule_changed(self, change: Change[OwnRule]) -> None:
+    def rule_changed(self, change: Change[fences.OwnRule]) -> None:
         """A fence's effect decides whether the pod watcher evicts the pods of its device."""
         self.node_health.devices_changed(self.dra.rule_changed(change))
         rules = [rule for rule in (change.old, change.new) if rule is not None]
         self.pod_health.enqueue(sorted({pod for rule in rules for pod in self.dra.pods_using(rule.device)}))
 
-    def seed(self, nodes: Iterable[NodeFacts], policy: Policy, now: datetime.datetime) -> None:
+    def seed(self, nodes: Iterable[observed.NodeFacts], policy: Policy, now: datetime.datetime) -> None:
         """Takes the records the nodes carry into the ledger and the breaker's log."""
         nodes = [self.dra.joined(node) for node in nodes]
         self.ledger.seed(nodes, policy, now)

@@ -20,7 +20,8 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.kube.client import REQUEST_TIMEOUT_SECONDS, ResourceListWatch, collection, raw_json
 from webhook.kube.controller import TerminalError
-from webhook.policy import health, nativesync
+from webhook.policy import nativesync
+from webhook.policy.health import fences
 
 FIELD_MANAGER = "gpuguard"
 MERGE_PATCH = "application/merge-patch+json"
@@ -337,7 +338,7 @@ def own_device_taint_rules(api: client.ApiClient) -> ResourceListWatch:
     """gpuguard's DeviceTaintRules only (by label): it never reads, so never touches, anyone else's."""
     return ResourceListWatch(
         collection(api, DeviceTaintRuleWriter.PATH),
-        label_selector=f"{health.MANAGED_BY_LABEL}={health.MANAGED_BY}",
+        label_selector=f"{fences.MANAGED_BY_LABEL}={fences.MANAGED_BY}",
     )
 
 

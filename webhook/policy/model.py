@@ -11,15 +11,14 @@ thread that loads it, never on a request.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import cache, cached_property
 from importlib import resources
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -32,10 +31,11 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic_core import ErrorDetails
 
 from webhook.policy import hostpaths, images, kinds
+from webhook.policy.errors import DNS_LABEL, DNS_SUBDOMAIN, describe_errors, yaml_problem
 from webhook.policy.loader import PolicyTextError, load_policy_yaml
+from webhook.policy.merge import over_default
 
 Mode = Literal["enforce", "warn", "audit", "off"]
 RuleId = Literal[
@@ -78,8 +78,6 @@ MAX_NAMESPACE_ENTRIES = 1_000
 MAX_NAMESPACE_NAMES = 10_000
 MAX_PRIORITY_CLASSES = 1_000
 MAX_WORKLOAD_KINDS = 100
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # The key of the policy ConfigMap that holds the policy YAML.
 CONFIGMAP_KEY = "policy.yaml"
 MAX_REMEMBERED_NAMES = 1024
@@ -775,116 +773,6 @@ class Policy(_Model):
         return self.priorityClasses.get(class_name)
 
 
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's complaint and where (line and column), without its `in "<unicode string>"`: the caller
-    names the source, which PyYAML never knows for text."""
-    if not isinstance(exc, yaml.MarkedYAMLError):
-        return str(exc)
-
-    def at(mark: yaml.Mark) -> str:
-        return f"line {mark.line + 1}, column {mark.column + 1}"
-
-    problem, start = exc.problem_mark, exc.context_mark
-    context = exc.context or ""
-    # Where the construct that failed began (an unclosed `[`), when that is somewhere else.
-    if (
-        context
-        and start is not None
-        and (problem is None or (start.line, start.column) != (problem.line, problem.column))
-    ):
-        context += f" (from {at(start)})"
-    what = ", ".join(part for part in (context, exc.problem) if part)
-    mark = problem or start
-    return f"{at(mark)}: {what}" if mark is not None else what
-
-
-def describe_errors(error: ValidationError, model: type[BaseModel]) -> str:
-    """`error` (from validating `model`) as one line a user can act on: each problem at its path in one
-    notation (`namespaces[1].names`), unknown keys and values with the closest valid one suggested."""
-    return "; ".join(_describe(item, model) for item in error.errors())
-
-
-def _describe(item: ErrorDetails, model: type[BaseModel]) -> str:
-    location = list(item["loc"])
-    # A wrong key of a mapping is reported at the key, with a "[key]" marker after it.
-    is_key = bool(location) and location[-1] == "[key]"
-    if is_key:
-        location.pop()
-    given = item.get("input")
-    if item["type"] == "extra_forbidden":
-        fields = _fields_at(model, location[:-1])
-        message = "unknown key" + (
-            _did_you_mean(str(location[-1]), fields) or f" (expected one of: {', '.join(fields)})"
-        )
-    elif item["type"] == "literal_error":
-        expected = str(item.get("ctx", {}).get("expected", ""))
-        message = f"unknown {'key' if is_key else 'value'} {given!r}, expected {expected}"
-        message += _did_you_mean(str(given), re.findall(r"'([^']*)'", expected))
-    elif item["type"] in ("value_error", "assertion_error") and "error" in item.get("ctx", {}):
-        message = str(item["ctx"]["error"])
-    elif item["type"] == "missing":
-        message = "required"
-    elif item["type"] == "string_pattern_mismatch":
-        pattern = str(item.get("ctx", {}).get("pattern", ""))
-        message = f"{given!r} is not {_PATTERN_WORDS.get(pattern, f'matching {pattern}')}"
-    else:
-        message = item["msg"].replace("Input should be", "must be")
-        if isinstance(given, str | int | float | bool):
-            message += f", got {given!r}"
-    path = field_path(location)
-    return f"{path}: {message}" if path else message
-
-
-# What the name patterns mean, in the words of the Kubernetes API's own errors.
-_PATTERN_WORDS = {
-    DNS_LABEL: "a valid name: lower-case letters, digits and '-', starting and ending with a letter or digit",
-    DNS_SUBDOMAIN: "a valid name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit",
-}
-
-
-def field_path(location: Sequence[int | str]) -> str:
-    """("namespaces", 1, "names") -> namespaces[1].names; a key that is not a plain word is quoted."""
-    path = ""
-    for part in location:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z0-9_-]+", part):
-            path += f".{part}" if path else part
-        else:
-            path += f"[{json.dumps(part)}]"
-    return path
-
-
-def _did_you_mean(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
-def _fields_at(model: type[BaseModel], location: Sequence[int | str]) -> list[str]:
-    """The field names of the model found at `location` below `model` (none when it is no model)."""
-    annotation: Any = model
-    for part in location:
-        if isinstance(part, int):
-            continue  # an item of a list: its type is the model found inside the list's annotation
-        found = _model_in(annotation)
-        if found is None or part not in found.model_fields:
-            return []
-        annotation = found.model_fields[part].annotation
-    found = _model_in(annotation)
-    return list(found.model_fields) if found is not None else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model an annotation holds: itself, or inside `list[...]`, `X | None`, `Annotated[...]`."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for argument in get_args(annotation):
-        found = _model_in(argument)
-        if found is not None:
-            return found
-    return None
-
-
 def _load_mapping(text: str) -> dict[str, Any]:
     try:
         data: Any = load_policy_yaml(text)
@@ -899,38 +787,6 @@ def _load_mapping(text: str) -> dict[str, Any]:
     return data
 
 
-def _overlay(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Mappings merge key by key; anything else (lists included) in `override` replaces the base value."""
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _overlay(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _merge_namespaces(default: list[Any], given: list[Any]) -> list[Any]:
-    """The given overrides first; the default ones stay for every namespace the given ones do not name.
-
-    Replacing the list whole, as for other lists, would silently drop the infrastructure exemptions
-    (kube-system, the GPU operator's namespaces) from a policy that only meant to add a team.
-    """
-    named = {
-        name
-        for entry in given
-        if isinstance(entry, dict) and isinstance(entry.get("names"), list)
-        for name in entry["names"]
-        if isinstance(name, str)
-    }
-    kept = []
-    for entry in default:
-        names = [name for name in entry.get("names", []) if name not in named]
-        if names or "selector" in entry:
-            kept.append({**entry, "names": names} if "names" in entry else entry)
-    return [*given, *kept]
-
-
 def parse_policy(text: str) -> Policy:
     """Parses and validates policy YAML over the embedded default; raises PolicyError naming the field.
 
@@ -938,9 +794,7 @@ def parse_policy(text: str) -> Policy:
     out takes its value from there.
     """
     default, given = _load_mapping(default_policy_text()), _load_mapping(text)
-    data = _overlay(default, given)
-    if isinstance(given.get("namespaces"), list):
-        data["namespaces"] = _merge_namespaces(default["namespaces"], given["namespaces"])
+    data = over_default(default, given)
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:

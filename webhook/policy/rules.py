@@ -15,10 +15,12 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from webhook.policy import hostpaths, images, nodeaffinity
-from webhook.policy.facts import ClusterFacts, NodeInfo
+from webhook.policy.accelerators import is_accelerator_node
+from webhook.policy.facts import ClusterFacts
 from webhook.policy.model import (
     SYSTEM_PRIORITY_PREFIX,
     DriverCompatibility,
+    PodFailurePolicyRule,
     Policy,
     RuleId,
     TrustedDeviceSoftware,
@@ -169,18 +171,9 @@ class JobRules:
     fail: list[int] = field(default_factory=list)
 
 
-def job_failure_rules(workload: Workload, policy: Policy, *, gang: bool) -> JobRules:
-    """Adds the device-failure rules to the Job's podFailurePolicy after the user's own.
-
-    A gang's Job fails at once (FailJob) on a disruption or a device exit code, so its group restarts
-    together instead of hanging on the one pod a replacement would start alone.
-    """
-    rule = policy.rules.podFailurePolicy
-    done = JobRules()
-    report = done.report
-    job = workload.job_spec
-    if job is None:
-        return done
+def _restarts_never(workload: Workload, rule: PodFailurePolicyRule, report: Report) -> bool:
+    """Whether the Job's pods restart Never, as a podFailurePolicy requires, once gpuguard set it where
+    it may (reported in `report`)."""
     restart_policy = workload.pod_spec.get("restartPolicy")
     if restart_policy is None and workload.workload_kind.gang == "jobset":
         # JobSet's own webhook would default it to OnFailure, which allows no podFailurePolicy; the
@@ -194,11 +187,26 @@ def job_failure_rules(workload: Workload, policy: Policy, *, gang: bool) -> JobR
             report.notices.append(
                 "podFailurePolicy skipped: it needs restartPolicy Never, this Job has OnFailure"
             )
-            return done
+            return False
         workload.pod_spec["restartPolicy"] = "Never"
         report.changes.append("convert restartPolicy OnFailure to Never")
     elif restart_policy != "Never":
-        return done  # invalid for a Job: the API server's own validation answers that
+        return False  # invalid for a Job: the API server's own validation answers that
+    return True
+
+
+def job_failure_rules(workload: Workload, policy: Policy, *, gang: bool) -> JobRules:
+    """Adds the device-failure rules to the Job's podFailurePolicy after the user's own.
+
+    A gang's Job fails at once (FailJob) on a disruption or a device exit code, so its group restarts
+    together instead of hanging on the one pod a replacement would start alone.
+    """
+    rule = policy.rules.podFailurePolicy
+    done = JobRules()
+    report = done.report
+    job = workload.job_spec
+    if job is None or not _restarts_never(workload, rule, report):
+        return done
 
     existing_policy = job.get("podFailurePolicy")
     if existing_policy is not None and not isinstance(existing_policy, dict):
@@ -475,20 +483,12 @@ def _exempt_pod(workload: Workload) -> bool:
 # --- rule 6: accelerator-node guard (validating) ---------------------------------------------------------
 
 
-def is_accelerator_node(node: NodeInfo, policy: Policy) -> bool:
-    """A node carrying an accelerator label, or an accelerator resource in its capacity."""
-    accelerators = policy.accelerators
-    return any(key in node.labels for key in accelerators.nodeLabels) or any(
-        accelerators.is_accelerator_resource(name) for name in node.resources
-    )
-
-
 def accelerator_node_reasons(workload: Workload, policy: Policy, facts: ClusterFacts) -> list[str]:
     """Why the workload is bound for accelerator nodes; empty if it is not."""
     accelerators = policy.accelerators
     reasons = [f"requests {name}" for name in accelerator_requests(workload, accelerators, facts)]
     node = facts.nodes.get(str(workload.pod_spec.get("nodeName"))) if facts.nodes is not None else None
-    if node is not None and is_accelerator_node(node, policy):
+    if node is not None and is_accelerator_node(accelerators, labels=node.labels, resources=node.resources):
         reasons.append(f"nodeName {workload.pod_spec['nodeName']}")
     labels = set(accelerators.nodeLabels)
     selector = as_dict(workload.pod_spec.get("nodeSelector")) or {}

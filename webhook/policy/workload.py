@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.policy.accelerators import claim_counts
 from webhook.policy.facts import NO_FACTS, ClusterFacts
 from webhook.policy.kinds import BUILTIN, DAEMONSET, Registry, Site, WorkloadKind, sites
 from webhook.policy.model import Accelerators
@@ -199,15 +200,15 @@ def accelerator_resources(container: JSON, accelerators: Accelerators) -> list[s
 def _claim_counts(
     claim: JSON, namespace: str | None, accelerators: Accelerators, facts: ClusterFacts
 ) -> bool:
-    """A pod's claim counts when it asks for an accelerator device class, or when that is unknown."""
+    """Whether a pod's claim counts (`claim_counts`), from the device classes it asks for when known."""
     for field, known in (
         ("resourceClaimName", facts.claims),
         ("resourceClaimTemplateName", facts.claim_templates),
     ):
         name = claim.get(field)
         if isinstance(name, str) and known is not None and (namespace or "", name) in known:
-            return any(accelerators.is_accelerator_device_class(c) for c in known[(namespace or "", name)])
-    return True
+            return claim_counts(accelerators, known[(namespace or "", name)])
+    return claim_counts(accelerators, None)
 
 
 def accelerator_claims(
