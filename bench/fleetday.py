@@ -61,9 +61,9 @@ from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Informer, ListPage, listed_events
 from webhook.kube.queue import WorkQueue
 from webhook.kube.remediation import ConflictError, EvictionOutcome, NotFoundError, StoredState
-from webhook.metrics import Registry
 from webhook.policy.health import holdings, ladder, observed, records
 from webhook.policy.model import Policy, parse_policy, scaled_count
+from webhook.runtime.metrics import Registry
 
 JSON = dict[str, Any]
 

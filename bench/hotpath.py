@@ -3,7 +3,7 @@ does the least a Python webhook reading the review can do, in one run on this ma
 
 - The decision log line: `webhook.admission.app.log_decision`, the function the app calls once per
   answered review, for the 10 KB GPU pod's answer, with logging configured as `gpuguard serve` configures
-  it (`webhook.logs.configure`) and stderr a file, as a container's is a pipe. Process CPU time, best of 5
+  it (`webhook.runtime.logs.configure`) and stderr a file, as a container's is a pipe. Process CPU time, best of 5
   runs of LOG_CALLS lines, so other processes do not count.
 - Throughput: `gpuguard serve` and `bench/echo.py --work decode` (uvicorn, same TLS certificate and
   settings; it decodes the review with orjson and encodes an answer allowing it) pinned to core 1, one
@@ -57,10 +57,10 @@ LOGGED_SECONDS = 0.000306
 def log_line_us(body: bytes, stderr: Path, calls: int = LOG_CALLS) -> float:
     """CPU µs of one decision log line for `body`'s /mutate answer under the embedded policy, written
     through the logging `gpuguard serve` sets up to `stderr`; best of 5 runs of `calls`."""
-    from webhook import logs
     from webhook.admission.app import log_decision
     from webhook.admission.review import review
     from webhook.policy.model import default_policy
+    from webhook.runtime import logs
 
     answer = review(body, endpoint="mutate", policy=default_policy())
     root = logging.getLogger()

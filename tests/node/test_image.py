@@ -30,7 +30,7 @@ AGENT_NAMESPACE = "gpuguard-node"
 # `--workers=auto` derives from it, and what the image installed.
 WEBHOOK_PROBE = """
 import errno, importlib.util, json, os, shutil, subprocess
-from webhook.workers import auto_count, cpu_limit, usable_cpus
+from webhook.processes.serve_workers import auto_count, cpu_limit, usable_cpus
 def write(path):
     try:
         with open(path, "w") as f:

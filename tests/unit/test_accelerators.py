@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from webhook.audit import findings
-from webhook.kube import facts as node_cache
+from webhook.kube import fact_sources as node_cache
 from webhook.policy import accelerators, rules
 from webhook.policy.facts import ClusterFacts, node_info
 from webhook.policy.health import observed, signals

@@ -13,7 +13,7 @@ import pytest
 from webhook.admission import app
 from webhook.admission.app import AdmissionApp, State
 from webhook.policy.model import Policy
-from webhook.policy_store import PolicyStore
+from webhook.runtime.policy_store import PolicyStore
 
 from .builders import admission_review, defaulted_gpu_pod, well_formed
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from webhook import cli
 from webhook.cli.nodes import drivers_table
-from webhook.metrics import Metrics
 from webhook.policy import drivers, engine, nodeaffinity, patch
 from webhook.policy.facts import ClusterFacts, NodeInfo, nodes_of
 from webhook.policy.model import Policy, PolicyError
-from webhook.policy_store import PolicyStatus
+from webhook.runtime.metrics import Metrics
+from webhook.runtime.policy_store import PolicyStatus
 
 from .builders import (
     JSON,

@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient, Configuration
 
-from webhook.kube import facts
+from webhook.kube import fact_sources
 from webhook.kube.informer import Converter
 from webhook.policy.facts import ClusterFacts, NodeInfo
 from webhook.policy.model import default_policy, parse_policy
@@ -22,7 +22,7 @@ from webhook.policy.workload import locate
 
 DEFAULT = default_policy()
 NO_DRIVER_CHECK = parse_policy('rules:\n  driverCompatibility:\n    mode: "off"\n')
-PRUNED = facts.NodeReads.of(NO_DRIVER_CHECK)
+PRUNED = fact_sources.NodeReads.of(NO_DRIVER_CHECK)
 
 
 def fleet_node(name: str, *, gpu: bool = True, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def fleet_node(name: str, *, gpu: bool = True, labels: dict[str, str] | None = N
 
 
 def test_a_node_keeps_only_what_makes_it_an_accelerator_node_without_the_driver_check() -> None:
-    convert = facts.node_converter(PRUNED)
+    convert = fact_sources.node_converter(PRUNED)
     assert convert(fleet_node("gpu-1")) == (
         "gpu-1",
         NodeInfo(
@@ -54,7 +54,7 @@ def test_a_node_keeps_only_what_makes_it_an_accelerator_node_without_the_driver_
 
 
 def test_nodes_alike_share_one_value() -> None:
-    convert = facts.node_converter(PRUNED)
+    convert = fact_sources.node_converter(PRUNED)
     values = [
         convert(fleet_node(f"gpu-{i}", labels={"kubernetes.io/hostname": f"gpu-{i}"})) for i in range(3)
     ]
@@ -62,7 +62,7 @@ def test_nodes_alike_share_one_value() -> None:
 
 
 def test_malformed_nodes_are_kept_as_plain_nodes_or_skipped() -> None:
-    convert = facts.node_converter(PRUNED)
+    convert = fact_sources.node_converter(PRUNED)
     assert convert({"metadata": {"name": "odd", "labels": ["x"]}, "status": {"capacity": 7}}) == (
         "odd",
         NodeInfo({}, ()),
@@ -76,7 +76,7 @@ def test_the_rule_says_the_same_of_a_kept_node_as_of_the_whole_one() -> None:
     assert workload is not None
     raw = fleet_node("gpu-1")
     whole = NodeInfo(raw["metadata"]["labels"], tuple(sorted(raw["status"]["capacity"])))
-    converted = facts.node_converter(PRUNED)(raw)
+    converted = fact_sources.node_converter(PRUNED)(raw)
     assert converted is not None
     for node in (whole, converted[1]):
         assert accelerator_node_reasons(workload, NO_DRIVER_CHECK, ClusterFacts(nodes={"gpu-1": node})) == [
@@ -86,29 +86,29 @@ def test_the_rule_says_the_same_of_a_kept_node_as_of_the_whole_one() -> None:
 
 def test_the_driver_check_keeps_every_label_a_workload_may_select_on() -> None:
     """It matches each workload's own node selection against every node: any label may matter."""
-    assert facts.NodeReads.of(DEFAULT).every_label
+    assert fact_sources.NodeReads.of(DEFAULT).every_label
     namespaced = parse_policy(
         'rules:\n  driverCompatibility:\n    mode: "off"\n'
         "namespaces:\n  - names: [ml]\n    rules:\n      driverCompatibility: warn\n"
     )
-    assert facts.NodeReads.of(namespaced).every_label
-    assert not facts.NodeReads.of(parse_policy("enabled: false\n")).every_label
+    assert fact_sources.NodeReads.of(namespaced).every_label
+    assert not fact_sources.NodeReads.of(parse_policy("enabled: false\n")).every_label
     raw = fleet_node("gpu-1")
-    converted = facts.node_converter(facts.NodeReads.of(DEFAULT))(raw)
+    converted = fact_sources.node_converter(fact_sources.NodeReads.of(DEFAULT))(raw)
     assert converted is not None
     assert converted[1].labels == raw["metadata"]["labels"]
 
 
 def test_without_the_driver_check_the_driver_labels_are_kept_for_the_metrics() -> None:
     raw = fleet_node("gpu-1", labels={"nvidia.com/cuda.driver-version.full": "570.124.06"})
-    converted = facts.node_converter(PRUNED)(raw)
+    converted = fact_sources.node_converter(PRUNED)(raw)
     assert converted is not None
     assert converted[1].labels["nvidia.com/cuda.driver-version.full"] == "570.124.06"
 
 
-class _Recorded(facts.FactInformers):
+class _Recorded(fact_sources.FactInformers):
     def __init__(self) -> None:
-        publisher = facts.FactsPublisher(get=ClusterFacts, put=lambda _: None)
+        publisher = fact_sources.FactsPublisher(get=ClusterFacts, put=lambda _: None)
         super().__init__(ApiClient(Configuration()), publisher, threading.Event(), NO_DRIVER_CHECK)
         self.reconverted: list[NodeInfo | None] = []
         self.nodes.reconvert = self._reconvert  # type: ignore[method-assign]

@@ -9,7 +9,7 @@ from typing import Any
 
 from webhook.cli import nodes
 from webhook.controllers.breaker import BreakerState
-from webhook.controllers.report import Row
+from webhook.controllers.status import Row
 from webhook.policy.health import fences, ladder, observed, podverdicts, records, signals
 
 from .builders import make_policy

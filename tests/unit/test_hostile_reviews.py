@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from webhook.admission import review
-from webhook.logs import JSONFormatter
 from webhook.policy.model import Policy
+from webhook.runtime.logs import JSONFormatter
 
 from .builders import admission_review, defaulted_gpu_pod, well_formed
 

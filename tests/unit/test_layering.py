@@ -94,7 +94,7 @@ def import_graph() -> dict[str, list[Import]]:
 
 
 def room(module: str) -> str:
-    """webhook.policy.rules -> policy; webhook.manager -> manager; a library -> its top-level name."""
+    """webhook.policy.rules -> policy; webhook.runtime.probes -> runtime; a library -> its top-level name."""
     parts = module.split(".")
     if parts[0] != "webhook":
         return parts[0]
@@ -183,7 +183,7 @@ def test_no_relative_imports() -> None:
 def test_the_rooms_are_where_the_rules_expect_them() -> None:
     # A renamed folder would make every rule above vacuous: say so instead.
     rooms = {room(name) for name in modules()}
-    assert {"policy", "admission", "certs", "kube", "controllers", "audit", "manager"} <= rooms
+    assert {"policy", "admission", "certs", "kube", "controllers", "audit", "processes", "runtime"} <= rooms
     assert set(PURE_AUDIT) <= set(modules())
     health = {name for name in modules() if name.startswith("webhook.policy.health.")}
     assert health == set(HEALTH_LAYERS)
@@ -195,11 +195,11 @@ def test_the_rooms_are_where_the_rules_expect_them() -> None:
         ("webhook.policy.rules", "fastapi", "the policy engine is pure"),
         ("webhook.policy.engine", "webhook.admission.review", "the policy engine is pure"),
         ("webhook.admission.review", "orjson", None),
-        ("webhook.admission.review", "webhook.probes", "the review is pure"),
+        ("webhook.admission.review", "webhook.runtime.probes", "the review is pure"),
         ("webhook.admission.app", "webhook.kube.client", "admission never calls the Kubernetes API"),
-        ("webhook.certs.controller", "kubernetes", "only webhook.kube talks to the Kubernetes API"),
-        ("webhook.kube.facts", "webhook.manager", "webhook.kube imports nothing above it"),
-        ("webhook.kube.facts", "webhook.policy.facts", None),
+        ("webhook.certs.rotation", "kubernetes", "only webhook.kube talks to the Kubernetes API"),
+        ("webhook.kube.fact_sources", "webhook.processes.serve", "webhook.kube imports nothing above it"),
+        ("webhook.kube.fact_sources", "webhook.policy.facts", None),
         ("webhook.audit.report", "webhook.controllers.node", "audit and controllers are independent"),
         ("webhook.audit.findings", "webhook.kube.listing", "the audit's core is pure"),
         ("webhook.audit.scan", "webhook.kube.listing", None),
@@ -257,7 +257,7 @@ def test_the_pure_core_loads_no_shell_library() -> None:
 
 def test_the_load_check_itself_sees_shell_imports() -> None:
     # The probe must be able to fail: the probes app does pull FastAPI in.
-    assert {"fastapi", "starlette"} <= _loaded_after_import(["webhook.probes"])
+    assert {"fastapi", "starlette"} <= _loaded_after_import(["webhook.runtime.probes"])
 
 
 def test_serving_existing_certificates_never_imports_cryptography() -> None:
@@ -266,6 +266,11 @@ def test_serving_existing_certificates_never_imports_cryptography() -> None:
     # Every module of the command line is loaded by every `gpuguard` run, `serve` included: taken from
     # the folder, so a command group added later is held to the same rule.
     command_line = [name for name in modules() if room(name) == "cli"]
-    serving = ["webhook.manager", "webhook.admission.app", "webhook.admission.server", "webhook.probes"]
+    serving = [
+        "webhook.processes.serve",
+        "webhook.admission.app",
+        "webhook.admission.server",
+        "webhook.runtime.probes",
+    ]
     assert {"webhook.cli", "webhook.cli.serve", "webhook.cli.certs"} <= set(command_line)
     assert "cryptography" not in _loaded_after_import([*command_line, *serving, "webhook.certs.files"])

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from webhook import logs
-from webhook.logs import JSONFormatter
+from webhook.runtime import logs
+from webhook.runtime.logs import JSONFormatter
 
 
 def formatted(record: logging.LogRecord) -> dict[str, object]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from webhook.metrics import LATENCY_BUCKETS, Metrics
 from webhook.policy.engine import Decision, Outcome
 from webhook.policy.model import Mode, RuleId
-from webhook.policy_store import PolicyStatus
+from webhook.runtime.metrics import LATENCY_BUCKETS, Metrics
+from webhook.runtime.policy_store import PolicyStatus
 
 STATUS = PolicyStatus(
     hash='ab"c\\d', source="embedded default", loaded_at=1700000000.5, last_error=None, errors=2

@@ -14,9 +14,9 @@ from webhook.agent.nodeagent import NodeAgent, Options
 from webhook.agent.podresources import WireError, decode_allocatable, decode_list, fields
 from webhook.kube.events import EventRecorder
 from webhook.kube.remediation import ConflictError
-from webhook.metrics import Registry
 from webhook.policy.health import holdings, observed
 from webhook.policy.health.holdings import Condition, Holding, PodView
+from webhook.runtime.metrics import Registry
 
 # --- protobuf, written out field by field as the kubelet sends it ------------------------------------
 

@@ -1,4 +1,4 @@
-"""webhook.policy_store: whatever a source offers, a failure to read or parse it is a refused policy,
+"""webhook.runtime.policy_store: whatever a source offers, a failure to read or parse it is a refused policy,
 reported as such, and the source keeps running; a file edited in place is never served half-written."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from webhook.policy.model import PolicyError, default_policy, parse_policy
-from webhook.policy_store import FileWatcher, PolicyStore, policy_text
+from webhook.runtime.policy_store import FileWatcher, PolicyStore, policy_text
 
 WARN = "mode: warn\n"
 AUDIT = "mode: audit\n"
@@ -158,6 +158,6 @@ def test_a_bug_while_parsing_is_a_refusal_not_a_dead_source(
     def broken(text: str) -> None:
         raise RecursionError("somewhere deep")
 
-    monkeypatch.setattr("webhook.policy_store.parse_policy", broken)
+    monkeypatch.setattr("webhook.runtime.policy_store.parse_policy", broken)
     assert store.offer(WARN, source="file") is False
     assert "RecursionError: somewhere deep" in (store.status().last_error or "")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from webhook.policy.model import Policy, default_policy
-from webhook.policy_store import PolicyStore
+from webhook.runtime.policy_store import PolicyStore
 
 SECONDS = 10.0
 

@@ -1,4 +1,4 @@
-"""webhook.metrics.Registry and the EventRecorder's repeat suppression: what the controllers report with."""
+"""webhook.runtime.metrics.Registry and the EventRecorder's repeat suppression: what the controllers report with."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from webhook.kube.events import EventRecorder, ObjectRef
-from webhook.metrics import Registry
+from webhook.runtime.metrics import Registry
 
 
 def test_registered_series_render_as_prometheus_text() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 
 from webhook.cli import nodes as cli_nodes
-from webhook.controllers import report
+from webhook.controllers import status
 from webhook.controllers.breaker import BreakerState
 from webhook.policy.health import observed, records
 
@@ -34,7 +34,7 @@ def test_the_table_shows_devices_signals_state_and_the_budget_hold() -> None:
     waiting = records.NodeRecord(
         signals={"deviceGap/nvidia.com/gpu": five_minutes}, unhealthy_since=five_minutes
     )
-    cluster = report.Cluster(
+    cluster = status.Cluster(
         nodes=[
             facts(
                 "gpu-001",
@@ -49,7 +49,7 @@ def test_the_table_shows_devices_signals_state_and_the_budget_hold() -> None:
         pods=[pod(node_name="gpu-001")],
         breaker=BreakerState(),
     )
-    text = cli_nodes.health_table(report.plans(cluster, POLICY, NOW), cluster.breaker, NOW)
+    text = cli_nodes.health_table(status.plans(cluster, POLICY, NOW), cluster.breaker, NOW)
     lines = text.splitlines()
     assert lines[0].split() == ["NODE", "POOL", "DEVICES", "SIGNALS", "STATE", "LAST", "ACTION", "SINCE"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:4]}
@@ -70,12 +70,12 @@ def test_the_table_shows_devices_signals_state_and_the_budget_hold() -> None:
 
 
 def test_explain_says_why_a_node_is_held_and_what_comes_next() -> None:
-    cluster = report.Cluster(
+    cluster = status.Cluster(
         nodes=[facts("gpu-002", allocatable=7)],
         pods=[],
         breaker=BreakerState(True, NOW, "3 of 4 nodes due", None, ""),
     )
-    (row,) = report.plans(cluster, POLICY, NOW)
+    (row,) = status.plans(cluster, POLICY, NOW)
     text = cli_nodes.explain(row, POLICY, cluster.breaker, NOW)
     assert "deviceGap/nvidia.com/gpu: nvidia.com/gpu: 1 of 8 devices unhealthy" in text
     assert "due in 5m" in text
@@ -93,10 +93,10 @@ def test_an_escalated_node_says_so_and_how_to_acknowledge_it() -> None:
         remediations=(NOW - datetime.timedelta(days=1),),
     )
     tainted = [{"key": observed.TAINT_KEY, "effect": "NoSchedule"}]
-    cluster = report.Cluster(
+    cluster = status.Cluster(
         nodes=[facts("gpu-004", record=record, taints=tainted)], pods=[], breaker=BreakerState()
     )
-    (row,) = report.plans(cluster, POLICY, NOW)
+    (row,) = status.plans(cluster, POLICY, NOW)
     assert (
         cli_nodes.health_table([row], cluster.breaker, NOW).splitlines()[1].split()[4]
         == "recovering,escalated"
@@ -117,7 +117,7 @@ def test_acknowledging_a_node_annotates_it_with_the_time() -> None:
 
     nodes = Patches()
     moment = NOW + datetime.timedelta(seconds=0.5)
-    assert report.acknowledge(nodes, "gpu-004", moment) == "2026-03-01T12:00:00.500000Z"
+    assert status.acknowledge(nodes, "gpu-004", moment) == "2026-03-01T12:00:00.500000Z"
     assert nodes.sent == [
         ("gpu-004", {"metadata": {"annotations": {records.ACK_ANNOTATION: "2026-03-01T12:00:00.500000Z"}}})
     ]

@@ -11,8 +11,8 @@ import pytest
 
 from webhook.controllers import series
 from webhook.kube.remediation import ConflictError
-from webhook.metrics import Registry
 from webhook.policy.health import records
+from webhook.runtime.metrics import Registry
 
 from .test_health import GPU, raw_node, raw_pod
 from .test_nodehealth import ENFORCE

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import yaml
 
-from webhook import workers
-from webhook.metrics import Metrics
 from webhook.policy.engine import Decision
+from webhook.processes import serve_workers
+from webhook.runtime.metrics import Metrics
 
 from .builders import Gpuguard, admission_review, defaulted_gpu_pod
 from .test_http import STOP_SECONDS, Server, metric_sample, start_server
@@ -37,17 +37,17 @@ WAIT_SECONDS = 15.0
     ("text", "cpus"), [("max 100000\n", None), ("150000 100000\n", 1.5), ("200000 100000", 2.0), ("", None)]
 )
 def test_cpu_max_reads_as_cpus(text: str, cpus: float | None) -> None:
-    assert workers.parse_cpu_max(text) == cpus
+    assert serve_workers.parse_cpu_max(text) == cpus
 
 
 def test_cpu_limit_reads_cgroup_v2_then_v1(tmp_path: Path) -> None:
-    assert workers.cpu_limit(tmp_path) is None
+    assert serve_workers.cpu_limit(tmp_path) is None
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
     (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert workers.cpu_limit(tmp_path) == 3.0
+    assert serve_workers.cpu_limit(tmp_path) == 3.0
     (tmp_path / "cpu.max").write_text("50000 100000\n")
-    assert workers.cpu_limit(tmp_path) == 0.5
+    assert serve_workers.cpu_limit(tmp_path) == 0.5
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_cpu_limit_reads_cgroup_v2_then_v1(tmp_path: Path) -> None:
 def test_auto_is_the_cpu_limit_rounded_up_within_the_usable_cpus(
     limit: float | None, usable: int, count: int
 ) -> None:
-    assert workers.auto_count(limit, usable) == count
+    assert serve_workers.auto_count(limit, usable) == count
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "65", "1.5"])
@@ -89,13 +89,15 @@ def test_metrics_added_from_snapshots_render_as_the_sum() -> None:
     assert total.latency["mutate"].total == pytest.approx(0.006)
 
 
-def _published(pid: int, failing: tuple[str, ...] = (), *, at: float | None = None) -> workers.Published:
+def _published(
+    pid: int, failing: tuple[str, ...] = (), *, at: float | None = None
+) -> serve_workers.Published:
     at = time.monotonic() if at is None else at
-    return workers.Published(pid, at, failing, True, _counted("mutate").snapshot())
+    return serve_workers.Published(pid, at, failing, True, _counted("mutate").snapshot())
 
 
 def test_the_board_keeps_one_state_per_worker_and_a_retired_one_keeps_its_counters() -> None:
-    board = workers.Board(3)
+    board = serve_workers.Board(3)
     board.write(1, _published(101))
     assert board.read(0) is None
     assert board.read(1) == _published(101, at=board.read(1).at)  # type: ignore[union-attr]
@@ -108,34 +110,37 @@ def test_the_board_keeps_one_state_per_worker_and_a_retired_one_keeps_its_counte
 
 
 def test_a_worker_sees_which_others_are_not_ready(monkeypatch: pytest.MonkeyPatch) -> None:
-    board = workers.Board(4)
+    board = serve_workers.Board(4)
     board.write(1, _published(101))
     board.write(2, _published(102, ("certificate",)))
-    board.write(3, _published(103, at=time.monotonic() - workers.STALE_SECONDS - 1))
-    worker = workers.Worker(board, 0)
+    board.write(3, _published(103, at=time.monotonic() - serve_workers.STALE_SECONDS - 1))
+    worker = serve_workers.Worker(board, 0)
 
     assert worker.failing_others() == ["worker 2: certificate", "worker 3: not publishing"]
     board.write(0, _published(100))
-    assert workers.Worker(board, 1).failing_others() == ["worker 2: certificate", "worker 3: not publishing"]
+    assert serve_workers.Worker(board, 1).failing_others() == [
+        "worker 2: certificate",
+        "worker 3: not publishing",
+    ]
     for slot in (2, 3):
         board.write(slot, _published(100 + slot))
     assert worker.others_ready()
 
 
 def test_a_worker_continues_its_slots_counters() -> None:
-    board = workers.Board(2)
+    board = serve_workers.Board(2)
     board.write(0, _published(100))
     board.retire(0, "restarting")
 
-    successor = workers.Worker(board, 0)
+    successor = serve_workers.Worker(board, 0)
     assert successor.inherited == _counted("mutate").snapshot()
-    assert workers.Worker(board, 1).inherited is None
+    assert serve_workers.Worker(board, 1).inherited is None
 
 
 def test_a_publication_read_earlier_never_lands_over_a_later_one() -> None:
     """The board thread and a stopping worker's last word publish at once: the one that read the worker's
     state later writes later, so a worker that stopped is never left on the board as ready."""
-    board = workers.Board(1)
+    board = serve_workers.Board(1)
     state: list[str] = []
     read, write_on = threading.Event(), threading.Event()
 
@@ -148,7 +153,7 @@ def test_a_publication_read_earlier_never_lands_over_a_later_one() -> None:
 
     already_stopped = threading.Event()
     already_stopped.set()
-    worker = workers.Worker(board, 0)
+    worker = serve_workers.Worker(board, 0)
     worker.publishing(failing, Metrics(), already_stopped)  # publishes once, no thread left running
     earlier = threading.Thread(target=worker.publish, name="earlier")
     earlier.start()
@@ -168,8 +173,8 @@ def test_a_publication_read_earlier_never_lands_over_a_later_one() -> None:
 
 
 def test_a_state_too_large_for_its_slot_is_refused() -> None:
-    board = workers.Board(1)
-    huge = workers.Published(1, 0.0, ("x" * workers.SLOT_BYTES,), False, {})
+    board = serve_workers.Board(1)
+    huge = serve_workers.Published(1, 0.0, ("x" * serve_workers.SLOT_BYTES,), False, {})
     with pytest.raises(ValueError, match="over 262144"):
         board.write(0, huge)
 

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-from webhook import cli, yaml_output
+from webhook import cli
+from webhook.cli import yaml_output
 
 from .builders import EXAMPLES
 

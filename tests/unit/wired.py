@@ -15,9 +15,9 @@ from webhook.controllers.wiring import HealthControllers
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer, ListPage, listed_events
 from webhook.kube.remediation import EvictionOutcome, EvictionResult, StoredState
-from webhook.metrics import Registry
 from webhook.policy.health import fences, observed
 from webhook.policy.model import Policy
+from webhook.runtime.metrics import Registry
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from webhook import logs
 from webhook.admission import review
-from webhook.metrics import Metrics
 from webhook.policy.facts import NO_FACTS, ClusterFacts
 from webhook.policy.model import Policy
-from webhook.policy_store import PolicyStore
+from webhook.runtime import logs
+from webhook.runtime.metrics import Metrics
+from webhook.runtime.policy_store import PolicyStore
 
 # The API server refuses requests over 3 MiB for etcd, but a review wraps object and oldObject: cap a
 # little above twice that, like controller-runtime (7 MiB), so no legitimate review is turned away.

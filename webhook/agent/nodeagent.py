@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from webhook import probes
 from webhook.agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from webhook.kube import remediation
 from webhook.kube.client import api_client
 from webhook.kube.events import EventRecorder, ObjectRef, api_sender
 from webhook.kube.informer import Informer
 from webhook.kube.remediation import ConflictError, NotFoundError
-from webhook.metrics import Registry
 from webhook.policy.health import holdings
 from webhook.policy.health.holdings import DeviceKey, Holding, PodView, Registration
+from webhook.runtime import probes
+from webhook.runtime.metrics import Registry
 
 log = logging.getLogger("gpuguard.node-agent")
 

@@ -39,7 +39,7 @@ def run_generate(args: argparse.Namespace) -> int:
 def run_rotate(args: argparse.Namespace) -> int:
     # The Kubernetes client and cryptography are only needed here, not to serve existing certificates.
     from webhook.certs import tls
-    from webhook.certs.controller import begin_rotation
+    from webhook.certs.rotation import begin_rotation
     from webhook.kube.certificates import SecretStore
     from webhook.kube.client import ApiError, api_client
 

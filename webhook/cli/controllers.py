@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from webhook import logs
 from webhook.cli import inputs, output
 from webhook.policy.model import Policy, PolicyError, parse_policy
+from webhook.runtime import logs
 
 if TYPE_CHECKING:
     from webhook.kube.client import ApiClient
@@ -25,7 +25,7 @@ DEFAULT_PORT = 8081
 
 
 def run_controllers(args: argparse.Namespace) -> int:
-    from webhook.controllers import manager  # the Kubernetes client and uvicorn only to run them
+    from webhook.processes import controllers  # the Kubernetes client and uvicorn only to run them
 
     logs.configure()
     if args.policy:
@@ -34,7 +34,7 @@ def run_controllers(args: argparse.Namespace) -> int:
             parse_policy(inputs.read_text(args.policy))
         except PolicyError as exc:
             raise output.UsageError(f"{args.policy}: {exc}") from None
-    options = manager.Options(
+    options = controllers.Options(
         namespace=args.namespace,
         host=args.host,
         port=args.port,
@@ -59,7 +59,7 @@ def run_controllers(args: argparse.Namespace) -> int:
         # The audit's PolicyReports kept current (README, "Audit"), every audit.reportIntervalSeconds.
         return ReportLoop.for_cluster(api, policy, stop=stop)
 
-    return manager.run(options, [reports])
+    return controllers.run(options, [reports])
 
 
 def register(commands: output.Commands) -> None:

@@ -254,14 +254,14 @@ def load_facts(source: str | None) -> ClusterFacts | None:
     converters its informers use, so an offline answer is the server's answer."""
     if source is None:
         return None
-    from webhook.kube import facts  # loads the Kubernetes client: only when facts are asked for
+    from webhook.kube import fact_sources  # loads the Kubernetes client: only when facts are asked for
 
     converters: dict[str, tuple[str, Converter]] = {
-        "PriorityClass": ("priority_classes", facts.priority_class),
-        "Namespace": ("namespace_labels", facts.namespace_labels),
-        "Node": ("nodes", facts.node),
-        "ResourceClaim": ("claims", facts.resource_claim),
-        "ResourceClaimTemplate": ("claim_templates", facts.resource_claim_template),
+        "PriorityClass": ("priority_classes", fact_sources.priority_class),
+        "Namespace": ("namespace_labels", fact_sources.namespace_labels),
+        "Node": ("nodes", fact_sources.node),
+        "ResourceClaim": ("claims", fact_sources.resource_claim),
+        "ResourceClaimTemplate": ("claim_templates", fact_sources.resource_claim_template),
     }
     known: dict[str, Any] = {}  # ClusterFacts field -> {key: fact}
     for manifest in read_manifests([source]):

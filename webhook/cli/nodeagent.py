@@ -10,8 +10,8 @@ import argparse
 import os
 from pathlib import Path
 
-from webhook import logs
 from webhook.cli import inputs, output
+from webhook.runtime import logs
 
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 8082

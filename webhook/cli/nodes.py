@@ -27,7 +27,7 @@ from webhook.policy.model import Policy, PolicyError
 
 if TYPE_CHECKING:
     from webhook.controllers.breaker import BreakerState
-    from webhook.controllers.report import Row
+    from webhook.controllers.status import Row
     from webhook.kube.client import ApiClient
 
 NONE = "<none>"
@@ -40,7 +40,7 @@ def run_drivers(args: argparse.Namespace) -> int:
         nodes = nodes_of(manifest.obj for manifest in inputs.read_manifests([args.file]))
     else:
         from webhook.kube.client import api_client  # the Kubernetes client only against a cluster
-        from webhook.kube.facts import list_nodes
+        from webhook.kube.fact_sources import list_nodes
 
         nodes = list_nodes(api_client(args.kubeconfig))
     labels = inputs.load_policy(args.policy).rules.driverCompatibility.nodeLabels
@@ -76,23 +76,23 @@ def drivers_table(pools: list[drivers.PoolDrivers]) -> str:
 def run_health(args: argparse.Namespace) -> int:
     """`nodes`, `nodes explain NODE`, `nodes reset-breaker`, `nodes ack NODE`: the cluster as the controllers
     see it, and the operator's decisions."""
-    from webhook.controllers import report  # the Kubernetes client only against a cluster
+    from webhook.controllers import status  # the Kubernetes client only against a cluster
     from webhook.kube.client import ApiError, api_client
 
     now = datetime.datetime.now(datetime.UTC)
     try:
         api = api_client(args.kubeconfig)
         if args.nodes_command == "reset-breaker":
-            closed = report.reset_breaker(api, args.namespace, now)
+            closed = status.reset_breaker(api, args.namespace, now)
             print("circuit breaker closed" if closed else "circuit breaker is not open: nothing to do")
             return output.EXIT_OK
         if args.nodes_command == "ack":
             return _acknowledge(api, args.node, now)
-        policy, source = _policy(args, lambda configmap: report.read_policy(api, configmap))
-        cluster = report.read_cluster(api, args.namespace)
+        policy, source = _policy(args, lambda configmap: status.read_policy(api, configmap))
+        cluster = status.read_cluster(api, args.namespace)
     except ApiError as exc:
         raise output.UsageError(f"the cluster answered {exc.status} {exc.reason}") from None
-    rows = report.plans(cluster, policy, now)
+    rows = status.plans(cluster, policy, now)
     if args.nodes_command == "explain":
         row = next((r for r in rows if r.node.name == args.node), None)
         if row is None:
@@ -106,11 +106,11 @@ def run_health(args: argparse.Namespace) -> int:
 
 
 def _acknowledge(api: ApiClient, node: str, now: datetime.datetime) -> int:
-    from webhook.controllers import report
+    from webhook.controllers import status
     from webhook.kube.remediation import NodeWriter, NotFoundError
 
     try:
-        moment = report.acknowledge(NodeWriter(api), node, now)
+        moment = status.acknowledge(NodeWriter(api), node, now)
     except NotFoundError:
         output.error(f"node {node} not found")
         return output.EXIT_FAILED

@@ -11,7 +11,7 @@ from typing import Any, Literal, TextIO, TypeAlias
 
 import orjson
 
-from webhook import yaml_output
+from webhook.cli import yaml_output
 
 EXIT_OK = 0
 # The command ran and the answer is no: something was denied, a test case did not match.

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from webhook import logs
 from webhook.certs import files as certfiles
 from webhook.cli import inputs, output
 from webhook.policy.model import PolicyError, parse_policy
+from webhook.runtime import logs
 
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 8443
@@ -37,13 +37,13 @@ def _serving_files(cert_dir: Path, sans: Sequence[str]) -> certfiles.ServingFile
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from webhook import manager  # uvicorn and FastAPI are only needed to serve
+    from webhook.processes import serve  # uvicorn and FastAPI are only needed to serve
 
     logs.configure()
     settings = None
     if args.tls_secret:
         # cryptography only with certificates from a Secret: they are created or rotated here.
-        from webhook.certs import controller as certificates
+        from webhook.certs import rotation as certificates
         from webhook.certs import tls
 
         namespace, name = args.tls_secret
@@ -83,7 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
     count = _worker_count(args.workers)
     plural = "s" if count > 1 else ""
     print(f"gpuguard: serving https://{args.host}:{args.port} ({count} worker{plural})", file=sys.stderr)
-    options = manager.Options(
+    options = serve.Options(
         host=args.host,
         port=args.port,
         cert_file=cert_file,
@@ -95,15 +95,15 @@ def run_serve(args: argparse.Namespace) -> int:
         certificates=settings,
         workers=count,
     )
-    return manager.serve(options)
+    return serve.serve(options)
 
 
 def _worker_count(value: str) -> int:
     if value != "auto":
         return int(value)
-    from webhook import workers
+    from webhook.processes import serve_workers
 
-    return workers.auto_count(workers.cpu_limit(), workers.usable_cpus())
+    return serve_workers.auto_count(serve_workers.cpu_limit(), serve_workers.usable_cpus())
 
 
 def _workers_argument(value: str) -> str:

@@ -23,12 +23,12 @@ from webhook.controllers import series
 from webhook.kube.controller import Controller, Result, TerminalError
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import InvalidObjectError, NotFoundError
-from webhook.metrics import Registry
 from webhook.policy import nativesync
 from webhook.policy.model import Policy
 from webhook.policy.native import Compiled, compile_policy
 from webhook.policy.nativesync import RESOURCES, Owned, Write
 from webhook.policy.workload import JSON
+from webhook.runtime.metrics import Registry
 
 NAME = "native-policies"
 KEY = "native-policies"  # the one key: every object is decided together

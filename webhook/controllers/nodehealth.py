@@ -26,9 +26,9 @@ from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import ConflictError, NotFoundError
-from webhook.metrics import Registry
 from webhook.policy.health import fences, ladder, observed, records
 from webhook.policy.model import Policy
+from webhook.runtime.metrics import Registry
 
 # A node whose write conflicted is looked at again after this, should no watch event bring it back.
 CONFLICT_RECHECK_SECONDS = 1.0

@@ -33,9 +33,9 @@ from webhook.kube.controller import Controller, Result
 from webhook.kube.events import EventRecorder, ObjectRef, Reason
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import EvictionOutcome
-from webhook.metrics import Registry
 from webhook.policy.health import ladder, observed, podverdicts, signals
 from webhook.policy.model import Policy
+from webhook.runtime.metrics import Registry
 
 WORKERS = 2
 

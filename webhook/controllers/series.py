@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from webhook.metrics import LabelValues, Registry
+from webhook.runtime.metrics import LabelValues, Registry
 
 REMEDIATIONS = "gpuguard_remediations_total"
 RECONCILES = "gpuguard_controller_reconcile_total"

@@ -17,9 +17,9 @@ from webhook.controllers.nodehealth import DeviceTaintRules, NodeHealth, NodeWri
 from webhook.controllers.podhealth import Evictions, PodHealth
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Change, Informer
-from webhook.metrics import Registry
 from webhook.policy.health import fences, observed
 from webhook.policy.model import Policy
+from webhook.runtime.metrics import Registry
 
 
 class HealthControllers:

@@ -1,5 +1,5 @@
 """One-shot reads of the cluster, page by page: the workload kinds the audit judges, and the facts
-admission reads from its watch caches (`webhook.kube.facts`), listed once with the same converters.
+admission reads from its watch caches (`webhook.kube.fact_sources`), listed once with the same converters.
 
 List responses leave `apiVersion` and `kind` out of their items; they are put back, so every object
 reads as the API server sends it to a webhook, `metadata.managedFields` aside.
@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from webhook.kube import facts
+from webhook.kube import fact_sources
 from webhook.kube.client import AccessError, ResourceListWatch, metadata_of
 from webhook.kube.informer import Converter, ExpiredError, NotServedError, paged
 from webhook.policy.facts import ClusterFacts
@@ -158,16 +158,16 @@ class ClusterReader:
         )
         return ClusterFacts(
             priority_classes=self._fact(
-                "priorityclasses", scheduling.list_priority_class, facts.priority_class
+                "priorityclasses", scheduling.list_priority_class, fact_sources.priority_class
             ),
-            namespace_labels=self._fact("namespaces", core.list_namespace, facts.namespace_labels),
-            nodes=self._fact("nodes", core.list_node, facts.node),
+            namespace_labels=self._fact("namespaces", core.list_namespace, fact_sources.namespace_labels),
+            nodes=self._fact("nodes", core.list_node, fact_sources.node),
             claims=self._fact(
-                "resourceclaims", resource.list_resource_claim_for_all_namespaces, facts.resource_claim
+                "resourceclaims", resource.list_resource_claim_for_all_namespaces, fact_sources.resource_claim
             ),
             claim_templates=self._fact(
                 "resourceclaimtemplates",
                 resource.list_resource_claim_template_for_all_namespaces,
-                facts.resource_claim_template,
+                fact_sources.resource_claim_template,
             ),
         )

@@ -21,21 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from webhook import probes
 from webhook.controllers import nativesync, series
 from webhook.controllers.breaker import DUE_LOG_WRITE_SECONDS, disrupts
 from webhook.controllers.nodehealth import announce
 from webhook.controllers.wiring import HealthControllers
-from webhook.kube import facts, remediation
+from webhook.kube import fact_sources, remediation
 from webhook.kube.client import ApiClient, api_client, metadata_of
 from webhook.kube.events import EventRecorder, ObjectRef, api_sender
 from webhook.kube.informer import Informer
 from webhook.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector, LeaseStore
 from webhook.kube.policy_source import PolicyConfigMap
-from webhook.metrics import LabelValues, Registry
 from webhook.policy.health import fences, observed
 from webhook.policy.model import CONFIGMAP_KEY, Policy
-from webhook.policy_store import FileWatcher, PolicyStore, initial_policy
+from webhook.runtime import probes
+from webhook.runtime.metrics import LabelValues, Registry
+from webhook.runtime.policy_store import FileWatcher, PolicyStore, initial_policy
 
 LEASE_NAME = "gpuguard-controllers"
 STATE_CONFIGMAP = "gpuguard-remediation"
@@ -129,7 +129,7 @@ class ControllerManager:
         self.nodes: Informer[observed.NodeFacts] = Informer("nodes", remediation.nodes(api), _node, stop=stop)
         self.pods: Informer[observed.PodFacts] = Informer("pods", remediation.pods(api), _pod, stop=stop)
         self.namespaces: Informer[dict[str, str]] = Informer(
-            "namespaces", remediation.namespaces(api), facts.namespace_labels, stop=stop
+            "namespaces", remediation.namespaces(api), fact_sources.namespace_labels, stop=stop
         )
         self.state: Informer[dict[str, str]] = Informer(
             "remediation state",

@@ -20,17 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from webhook import logs, probes, workers
 from webhook.admission.app import AdmissionApp, State
 from webhook.admission.server import https_server
 from webhook.policy import drivers
 from webhook.policy.model import CONFIGMAP_KEY, Policy
-from webhook.policy_store import FileWatcher, PolicyStore, initial_policy
+from webhook.processes import serve_workers
+from webhook.runtime import logs, probes
+from webhook.runtime.policy_store import FileWatcher, PolicyStore, initial_policy
 
 if TYPE_CHECKING:
     import uvicorn
 
-    from webhook.certs import controller as certificates
+    from webhook.certs import rotation as certificates
     from webhook.kube.client import ApiClient
     from webhook.kube.informer import Informer
 
@@ -49,11 +50,11 @@ class Options:
     # Cluster lookups (PriorityClasses, namespaces, nodes, DRA claims): on when True.
     cluster: bool = False
     kubeconfig: str | None = None
-    # Certificates from a Secret, shared by the replicas and rotated (webhook.certs.controller): the
+    # Certificates from a Secret, shared by the replicas and rotated (webhook.certs.rotation): the
     # listener starts on a placeholder in the settings' cert_dir (cert_file and key_file are unused) and
     # switches to the Secret's certificate once it is read.
     certificates: certificates.Settings | None = None
-    # Processes answering on one socket (webhook.workers); 1: this process serves alone.
+    # Processes answering on one socket (webhook.processes.serve_workers); 1: this process serves alone.
     workers: int = 1
 
 
@@ -63,7 +64,7 @@ def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threa
     The policy ConfigMap is read first, so that the node cache is filled once, under the policy that
     will be served, rather than once under the embedded one and again under the ConfigMap's.
     """
-    from webhook.kube import facts, policy_source
+    from webhook.kube import fact_sources, policy_source
     from webhook.kube.events import EventRecorder, api_sender
 
     informers: list[Informer[Any]] = []
@@ -93,10 +94,10 @@ def _connect_cluster(api: ApiClient, options: Options, state: State, stop: threa
         configmap.informer.sync()
         informers.append(configmap.informer)
     if options.cluster:
-        publisher = facts.FactsPublisher(
+        publisher = fact_sources.FactsPublisher(
             get=lambda: state.facts, put=lambda snapshot: setattr(state, "facts", snapshot)
         )
-        cluster = facts.FactInformers(api, publisher, stop, state.policy)
+        cluster = fact_sources.FactInformers(api, publisher, stop, state.policy)
         _also_on_loaded(state.store, cluster.policy_loaded)
         for informer in cluster.informers:
             informer.sync()
@@ -133,7 +134,7 @@ def _missing_priority_class(state: State) -> str | None:
 def _certificate_manager(
     api: ApiClient, settings: certificates.Settings, stop: threading.Event
 ) -> certificates.CertificateManager:
-    from webhook.certs.controller import CertificateManager
+    from webhook.certs.rotation import CertificateManager
     from webhook.kube.certificates import SecretStore, WebhookConfigurations
 
     store = SecretStore(api, settings.namespace, settings.secret)
@@ -141,7 +142,7 @@ def _certificate_manager(
     return CertificateManager(settings, store, configurations, stop=stop)
 
 
-def _probes(state: State, worker: workers.Worker | None) -> probes.Probes:
+def _probes(state: State, worker: serve_workers.Worker | None) -> probes.Probes:
     def status() -> dict[str, object]:
         return {
             **state.store.status().as_json(),
@@ -164,16 +165,16 @@ def _probes(state: State, worker: workers.Worker | None) -> probes.Probes:
 
 
 def build(
-    options: Options, stop: threading.Event, worker: workers.Worker | None = None
+    options: Options, stop: threading.Event, worker: serve_workers.Worker | None = None
 ) -> tuple[uvicorn.Server, State]:
-    """Everything one serving process runs; `worker` when it is one of several (webhook.workers)."""
+    """Everything one serving process runs; `worker` when it is one of several (webhook.processes.serve_workers)."""
     policy, source, policy_bytes = initial_policy(options.policy_file)
     state = State(PolicyStore(policy, source=source))
     health = _probes(state, worker)
     if worker is not None:
         if worker.inherited is not None:
             state.metrics.add(worker.inherited)
-        health.add_readiness_check(workers.WORKERS_CHECK, worker.others_ready)
+        health.add_readiness_check(serve_workers.WORKERS_CHECK, worker.others_ready)
     api = None
     if options.cluster or options.policy_configmap or options.certificates:
         from webhook.kube.client import api_client  # the Kubernetes client only with cluster access
@@ -210,7 +211,9 @@ def build(
     if worker is not None:
         # What a worker publishes is its own readiness: the others' is theirs to publish (and reading it
         # asks them to publish, which must not ask back).
-        worker.publishing(lambda: health.failing(skipping=(workers.WORKERS_CHECK,)), state.metrics, stop)
+        worker.publishing(
+            lambda: health.failing(skipping=(serve_workers.WORKERS_CHECK,)), state.metrics, stop
+        )
         # Its slot says it serves from the moment it does: a worker ended before its next publication
         # must not be taken for one that never served, which ends the whole server.
         health.on_started = worker.publish
@@ -241,7 +244,7 @@ def _return_large_buffers_to_the_system() -> None:
 
 
 def _serve_one(
-    options: Options, worker: workers.Worker | None = None, sockets: list[socket.socket] | None = None
+    options: Options, worker: serve_workers.Worker | None = None, sockets: list[socket.socket] | None = None
 ) -> None:
     # uvicorn drains requests on SIGTERM, then re-raises the signal to the handler it found: make that
     # handler a clean exit, so a normal pod stop ends with status 0 rather than "killed by SIGTERM".
@@ -277,11 +280,11 @@ def serve(options: Options) -> int:
     if options.workers == 1:
         _serve_one(options)
         return 0
-    listener = workers.listen(options.host, options.port)
+    listener = serve_workers.listen(options.host, options.port)
 
-    def run(worker: workers.Worker) -> int:
+    def run(worker: serve_workers.Worker) -> int:
         logs.configure(worker=worker.slot)
         _serve_one(_worker_options(options, worker.slot), worker, [listener])
         return 0
 
-    return workers.Supervisor(options.workers, run).run()
+    return serve_workers.Supervisor(options.workers, run).run()

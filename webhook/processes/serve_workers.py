@@ -47,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from webhook.metrics import Metrics
+from webhook.runtime.metrics import Metrics
 
 # How often a worker publishes its counters and readiness, and how old a slot may be and still count.
 PUBLISH_SECONDS = 0.5

@@ -10,7 +10,7 @@ from typing import Any
 
 from webhook.policy.drivers import PoolDrivers
 from webhook.policy.engine import Decision
-from webhook.policy_store import PolicyStatus
+from webhook.runtime.policy_store import PolicyStatus
 
 # Fine buckets at the bottom: the API server's own webhook histogram starts at 5 ms, ours far below it.
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -63,7 +63,7 @@ class Metrics:
             self.decisions[(decision.rule, decision.mode, decision.outcome)] += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """The counters as JSON-ready data, for the other workers of one server (webhook.workers).
+        """The counters as JSON-ready data, for the other workers of one server (webhook.processes.serve_workers).
 
         Each part is copied in one step (a dict copy does not release the GIL), so a snapshot taken
         while the event loop counts is consistent per series.

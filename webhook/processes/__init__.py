@@ -1,0 +1,1 @@
+"""One composition root per long-running process: serve (and its workers), controllers."""

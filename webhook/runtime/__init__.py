@@ -1,0 +1,1 @@
+"""What every long-running gpuguard process shares: probes, metrics, logs, the policy store."""
