@@ -1,4 +1,5 @@
-"""The composition root and loop of `gpuguard node-agent`: one replica per node (a DaemonSet).
+"""The poll loop of `gpuguard node-agent`: one replica per node (a DaemonSet); its composition root is
+webhook.processes.node_agent.
 
 Every `interval` seconds it asks the kubelet's PodResources API which devices the node's pods hold
 and which the node still allocates, and keeps each pod's `GPUGuardDevicesAllocatable` condition true
@@ -21,15 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from webhook.agent.podresources import DEFAULT_SOCKET, PodResourcesClient
-from webhook.kube import remediation
-from webhook.kube.client import api_client
-from webhook.kube.events import EventRecorder, ObjectRef, api_sender
-from webhook.kube.informer import Informer
+from webhook.agent.podresources import DEFAULT_SOCKET
+from webhook.kube.events import EventRecorder, ObjectRef
 from webhook.kube.remediation import ConflictError, NotFoundError
 from webhook.policy.health import holdings
 from webhook.policy.health.holdings import DeviceKey, Holding, PodView, Registration
-from webhook.runtime import probes
 from webhook.runtime.metrics import Registry
 
 log = logging.getLogger("gpuguard.node-agent")
@@ -61,11 +58,6 @@ class PodCache(Protocol):
 
 class StatusWriter(Protocol):
     def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
-
-
-def _pod(raw: dict[str, Any]) -> tuple[Hashable, PodView] | None:
-    pod = holdings.pod_view(raw)
-    return (pod.key, pod) if pod is not None else None
 
 
 @dataclass
@@ -215,43 +207,3 @@ class NodeAgent:
             if self.pods.has_synced():
                 self.poll()
             self.stop.wait(self.options.interval)
-
-
-def run(options: Options) -> int:
-    stop = threading.Event()
-    api = api_client(options.kubeconfig)
-    registry = Registry()
-    events = EventRecorder(api_sender(api), stop=stop, instance=options.node)
-    pods: Informer[PodView] = Informer("pods", remediation.pods_on_node(api, options.node), _pod, stop=stop)
-    client = PodResourcesClient(options.socket)
-    agent = NodeAgent(
-        options,
-        resources=client,
-        pods=pods,
-        writer=remediation.PodStatusWriter(api),
-        events=events,
-        registry=registry,
-        stop=stop,
-    )
-    checks = probes.Probes(
-        detail=lambda: f"node={options.node}",
-        metrics=registry.render,
-        status=lambda: {
-            "node": options.node,
-            "socket": str(options.socket),
-            "lastPollOk": agent.observation.ok,
-        },
-    )
-    checks.add_readiness_check("pods", pods.has_synced)
-    checks.add_readiness_check("podresources", lambda: agent.observation.ok)
-    server = probes.ProbeServer(checks, options.host, options.port, stop)
-    server.start()
-    events.start()
-    pods.start()
-    polling = threading.Thread(target=agent.run, name="poll", daemon=True)
-    polling.start()
-    stop.wait()
-    polling.join(timeout=options.interval + 5)
-    client.close()
-    server.shutdown()
-    return 0

@@ -26,13 +26,15 @@ def _positive(text: str) -> float:
 
 
 def run_node_agent(args: argparse.Namespace) -> int:
-    from webhook.agent import nodeagent  # the Kubernetes client, gRPC and uvicorn only to run it
+    # The Kubernetes client, gRPC and uvicorn only to run it.
+    from webhook.agent.nodeagent import Options
+    from webhook.processes import node_agent
 
     if not args.node:
         raise output.UsageError("--node is required (in the DaemonSet: $NODE_NAME from spec.nodeName)")
     logs.configure()
-    return nodeagent.run(
-        nodeagent.Options(
+    return node_agent.run(
+        Options(
             node=args.node,
             socket=Path(args.socket),
             interval=args.interval,
