@@ -128,6 +128,14 @@ def violations(graph: Mapping[str, Iterable[Import]], known: Iterable[str]) -> l
                 problems.append(f"{module} imports {target}: admission never calls the Kubernetes API")
             if here == "kube" and top == "webhook" and there not in ("kube", "policy", "webhook"):
                 problems.append(f"{module} imports {target}: webhook.kube imports nothing above it")
+            if here == "runtime" and top == "webhook" and there not in ("runtime", "policy", "webhook"):
+                problems.append(
+                    f"{module} imports {target}: the shared runtime imports only the policy engine"
+                )
+            if there == "processes" and here not in ("processes", "cli"):
+                problems.append(f"{module} imports {target}: only the command line starts a process")
+            if here == "processes" and there == "cli":
+                problems.append(f"{module} imports {target}: a composition root never calls the command line")
             if here in INDEPENDENT_ROOMS and there in INDEPENDENT_ROOMS and here != there:
                 problems.append(f"{module} imports {target}: {here} and {there} are independent")
             if (
@@ -198,11 +206,25 @@ def test_the_rooms_are_where_the_rules_expect_them() -> None:
         ("webhook.admission.review", "webhook.runtime.probes", "the review is pure"),
         ("webhook.admission.app", "webhook.kube.client", "admission never calls the Kubernetes API"),
         ("webhook.certs.rotation", "kubernetes", "only webhook.kube talks to the Kubernetes API"),
-        ("webhook.kube.fact_sources", "webhook.processes.serve", "webhook.kube imports nothing above it"),
+        ("webhook.kube.fact_sources", "webhook.runtime.probes", "webhook.kube imports nothing above it"),
         ("webhook.kube.fact_sources", "webhook.policy.facts", None),
         ("webhook.audit.report", "webhook.controllers.node", "audit and controllers are independent"),
         ("webhook.audit.findings", "webhook.kube.listing", "the audit's core is pure"),
         ("webhook.audit.scan", "webhook.kube.listing", None),
+        (
+            "webhook.runtime.metrics",
+            "webhook.kube.client",
+            "the shared runtime imports only the policy engine",
+        ),
+        ("webhook.runtime.metrics", "webhook.runtime.policy_store", None),
+        (
+            "webhook.controllers.nodehealth",
+            "webhook.processes.controllers",
+            "only the command line starts a process",
+        ),
+        ("webhook.cli.controllers", "webhook.processes.controllers", None),
+        ("webhook.processes.serve", "webhook.cli.output", "a composition root never calls the command line"),
+        ("webhook.processes.controllers", "webhook.audit.background", None),
         (
             "webhook.policy.health.signals",
             "webhook.policy.health.ladder",

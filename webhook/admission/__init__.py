@@ -1,2 +1,7 @@
-"""The admission webhook: AdmissionReview bytes to answer bytes (`review`, pure), the raw ASGI endpoints
-(`app`) and their HTTPS server (`server`). Never talks to the Kubernetes API itself."""
+"""The admission webhook: AdmissionReview bytes in, answer bytes out. Never talks to the Kubernetes
+API itself: the cluster facts it reads are handed in (webhook.processes.serve wires them).
+
+    review.py   AdmissionReview bytes to answer bytes (pure: the policy engine, no framework)
+    app.py      the admission endpoints as raw ASGI, in front of the probes app; the decision log line
+    server.py   the app under uvicorn over TLS, with the settings the API server's client calls for
+"""

@@ -18,6 +18,7 @@ shared by all of them:
     output.py     exit codes, UsageError, help that shows defaults, kubectl-style tables, -o json|yaml,
                   the summary line, a progress indicator (on a terminal only)
     inputs.py     -f manifests as kubectl reads them, --policy, --facts, argument types
+    yaml_output.py  YAML that every reader reads back as written (-o yaml, `gpuguard mutate`)
 
 Adding a command group (say `gpuguard explain`) is one new module and one line in GROUPS below:
 
