@@ -1,12 +1,13 @@
 """The pod device-health watcher against seams: real informers over listed Nodes and Pods, evictions
-and Events recorded. Which pods it may evict (the node controller's scope), and the fleet brake on
-pod-level evictions."""
+and Events recorded. Which pods it may evict (the node controller's scope), the fleet brake on
+pod-level evictions, and what it does with each answer of the Eviction API (evicted, refused, gone)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+from webhook.controllers import series
 from webhook.policy.health import ladder, records, signals
 from webhook.policy.model import Policy
 
@@ -109,3 +110,39 @@ def test_a_drain_recorded_without_its_cordon_evicts_nothing() -> None:
         watcher.pod_health.reconcile("ml/trainer")
         evicted.append(watcher.evictions.sent)
     assert evicted == [[], [("ml", "trainer")]]
+
+
+def test_a_refused_eviction_is_retried_with_backoff_and_said_stuck_once_after_the_timeout() -> None:
+    policy = enforcing(eviction={"retrySeconds": 10, "maxRetrySeconds": 40, "timeoutSeconds": 60})
+    watcher = Wired(
+        policy, [raw_node("gpu-1")], [raw_pod(devices=UNHEALTHY)], evictions=RecordedEvictions("blocked")
+    )
+    waits = []
+    for seconds in (0, 30, 60, 120):
+        watcher.at(seconds)
+        waits.append(watcher.pod_health.reconcile("ml/trainer").requeue_after)
+    # Doubling from retrySeconds, capped at maxRetrySeconds; every retry is an eviction, never a delete.
+    assert waits == [10, 20, 40, 40]
+    assert watcher.evictions.sent == [("ml", "trainer")] * 4
+    # Each refusal is counted; the recorder sends the same Event once, and stuck is said once.
+    assert watcher.registry.value(series.REMEDIATIONS, "evict", "blocked") == 3
+    assert watcher.registry.value(series.REMEDIATIONS, "evict", "stuck") == 1
+    assert watcher.reasons() == ["EvictionBlocked", "EvictionStuck"]
+
+
+def test_an_eviction_that_goes_through_is_said_once_and_counted_done() -> None:
+    watcher = Wired(enforcing(), [raw_node("gpu-1")], [raw_pod(devices=UNHEALTHY)])
+    assert watcher.pod_health.reconcile("ml/trainer").requeue_after is None
+    assert watcher.evictions.sent == [("ml", "trainer")]
+    assert watcher.reasons() == ["PodEvicted"]
+    assert watcher.registry.value(series.REMEDIATIONS, "evict", "done") == 1
+
+
+def test_a_pod_gone_before_its_eviction_is_let_go_without_an_event() -> None:
+    watcher = Wired(
+        enforcing(), [raw_node("gpu-1")], [raw_pod(devices=UNHEALTHY)], evictions=RecordedEvictions("gone")
+    )
+    # No retry: the Pod's deletion arrives as a watch event.
+    assert watcher.pod_health.reconcile("ml/trainer").requeue_after is None
+    assert watcher.reasons() == []
+    assert watcher.registry.value(series.REMEDIATIONS, "evict", "done") == 0
