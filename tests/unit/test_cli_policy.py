@@ -12,7 +12,7 @@ from webhook.policy.model import default_policy, parse_policy
 
 from .builders import REPO_ROOT, Gpuguard
 
-README = REPO_ROOT / "README.md"
+README = REPO_ROOT / "docs" / "policy.md"
 
 
 def test_policy_check_good(gpuguard: Gpuguard, tmp_path: Path) -> None:

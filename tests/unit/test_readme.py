@@ -27,13 +27,15 @@ from .builders import EXAMPLES, REPO_ROOT
 from .test_http import start_server
 
 README = REPO_ROOT / "README.md"
+PAGES = [README, *sorted((REPO_ROOT / "docs").glob("*.md"))]
 SESSION_TIMEOUT_SECONDS = 120
 SERVE_URL = "https://localhost:8443"
 SHELL_OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "2>&1"}
 
 
 def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```$", README.read_text(), re.MULTILINE | re.DOTALL)
+    pattern = re.compile(rf"^```{language}\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+    return [block for page in PAGES for block in pattern.findall(page.read_text())]
 
 
 def sessions() -> list[list[tuple[str, list[str]]]]:
@@ -163,7 +165,8 @@ def table_keys() -> set[str]:
     """The code in the first cells of the README's tables: rule ids, policy keys, paths. A cell may name
     several keys, later ones relative to the first (`a.b.c`, `.d`: a.b.d; `.e.f`: a.e.f)."""
     found: set[str] = set()
-    for cell in re.findall(r"^\| ([^|]*`[^|]*) \|", README.read_text(), re.MULTILINE):
+    text = "".join(page.read_text() for page in PAGES)
+    for cell in re.findall(r"^\| ([^|]*`[^|]*) \|", text, re.MULTILINE):
         spans = re.findall(r"`([^`]+)`", cell)
         if not spans:
             continue
