@@ -20,6 +20,10 @@ shared by all of them:
     inputs.py     -f manifests as kubectl reads them, --policy, --facts, argument types
     yaml_output.py  YAML that every reader reads back as written (-o yaml, `gpuguard mutate`)
 
+and, for scripts/render-docs only (no command loads it):
+
+    reference.py  the generated pages docs/reference/cli.md (from this parser) and docs/reference/policy.md
+
 Adding a command group (say `gpuguard explain`) is one new module and one line in GROUPS below:
 
     # webhook/cli/explain.py
