@@ -1,9 +1,11 @@
-"""The README's examples, run, so they cannot drift from what the command does.
+"""The examples of the README and of docs/*.md, run, so they cannot drift from what the command does.
 
 Three kinds: ```console sessions are run in a copy of examples/ and their output compared (a line
 `...` stands for any lines, `...` inside a line for any text); every `gpuguard` command line in a
-```bash block must parse; the block that talks to `./scripts/serve` runs against a real server. And
-its tables name every rule and every policy key.
+```bash block must parse; the block that talks to `./scripts/serve` runs against a real server. Their
+tables name every rule and every policy key. And every relative link of the project's Markdown, there
+and in CONTRIBUTING.md, CHANGELOG.md, bench/ and docs/ below, names a file that exists and, into a
+Markdown file, a heading it has (what a site generator's strict mode would refuse to build).
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ from .test_http import start_server
 
 README = REPO_ROOT / "README.md"
 PAGES = [README, *sorted((REPO_ROOT / "docs").glob("*.md"))]
+LINKED_PAGES = sorted(
+    {
+        *PAGES,
+        *REPO_ROOT.glob("*.md"),
+        *(REPO_ROOT / "docs").rglob("*.md"),
+        *(REPO_ROOT / "bench").glob("*.md"),
+    }
+)
 SESSION_TIMEOUT_SECONDS = 120
 SERVE_URL = "https://localhost:8443"
 SHELL_OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "2>&1"}
@@ -195,3 +205,49 @@ def test_every_policy_key_and_rule_is_in_the_readme() -> None:
     default = yaml.safe_load((REPO_ROOT / "webhook" / "default-policy.yaml").read_text())
     assert [key for key in policy_keys(default) if key not in documented] == []
     assert [rule for rule in RULE_IDS if rule not in documented] == []
+
+
+def without_code_blocks(text: str) -> str:
+    return re.sub(r"^```.*?^```$", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def without_code(text: str) -> str:
+    """The Markdown with its code blocks and code spans blanked: links in them are not links."""
+    return re.sub(r"`[^`\n]*`", "", without_code_blocks(text))
+
+
+def anchors(page: Path) -> set[str]:
+    """The ids GitHub gives the page's headings: lower case, punctuation dropped, spaces as hyphens,
+    a repeated id numbered."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+?)#*$", without_code_blocks(page.read_text()), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        candidate, n = slug, 0
+        while candidate in found:
+            n += 1
+            candidate = f"{slug}-{n}"
+        found.add(candidate)
+    return found
+
+
+def relative_links(page: Path) -> Iterator[str]:
+    for target in re.findall(r"\]\(([^)\s]+)\)", without_code(page.read_text())):
+        if not re.match(r"[a-z][a-z0-9+.-]*:", target):
+            yield target
+
+
+def test_the_pages_have_links_to_check() -> None:
+    assert sum(1 for page in LINKED_PAGES for _ in relative_links(page)) >= 50
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.relative_to(REPO_ROOT)}")
+    assert broken == []
