@@ -1,4 +1,4 @@
-"""What `gpuguard audit` costs on a cluster of a thousand workloads (the figure the README states).
+"""What `gpuguard audit` costs on a cluster of a thousand workloads (the figure docs/performance.md states).
 
 Starts the end-to-end control plane (etcd + kube-apiserver, tests/e2e/controlplane.py) with the Policy
 WG's PolicyReport CRDs, fills it as a cluster of ten teams would be, and times the command as a user
