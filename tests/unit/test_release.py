@@ -96,3 +96,11 @@ def test_stability_names_every_metric() -> None:
 
 def test_stability_names_every_event_reason() -> None:
     assert set(get_args(Reason)) - _named_in_stability() == set()
+
+
+def test_observability_describes_every_metric_and_event_reason() -> None:
+    """docs/observability.md is where an operator looks a series or a reason up: none may be missing."""
+    page = (REPO_ROOT / "docs" / "observability.md").read_text()
+    metric = r"\bgpuguard_[a-z_]+[a-z]"
+    assert _in_the_package(metric) - set(re.findall(metric, page)) == set()
+    assert set(get_args(Reason)) - set(re.findall(r"`([^`]+)`", page)) == set()
