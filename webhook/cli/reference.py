@@ -158,7 +158,7 @@ def policy_reference() -> str:
         )
     ]
     lines = [
-        HEADER.format(source="webhook/policy/model.py and webhook/default-policy.yaml"),
+        HEADER.format(source="the policy model (webhook/policy/) and webhook/default-policy.yaml"),
         "# Policy reference",
         "",
         "Every key of the policy: its type and bounds as the policy model checks them, its default (the",
