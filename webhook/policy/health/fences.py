@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webhook.policy.health.observed import TAINT_KEY, DeviceUser, NodeFacts, device_id
+from webhook.policy.health.holdings import device_id
+from webhook.policy.health.observed import TAINT_KEY, DeviceUser, NodeFacts
 from webhook.policy.health.records import as_mapping
 from webhook.policy.health.signals import Signal
 from webhook.policy.model import Policy

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from webhook.policy.health import holdings
+from webhook.policy.health.holdings import device_id
 from webhook.policy.health.records import (
     ACK_ANNOTATION,
     RECORD_ANNOTATION,
@@ -67,11 +68,6 @@ class DeviceCondition:
     status: str
     reason: str = ""
     message: str = ""
-
-
-def device_id(driver: str, pool: str, device: str) -> str:
-    """<driver>/<pool>/<device>: how allocation results, DeviceTaintRules and the kubelet name a device."""
-    return f"{driver}/{pool}/{device}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +241,8 @@ def node_devices(slices: Iterable[SliceFacts], claims: Iterable[ClaimFacts] = ()
         pools.setdefault((piece.driver, piece.pool), []).append(piece)
     conditions: dict[str, tuple[DeviceCondition, ...]] = {}
     for claim in claims:
-        for device_id, found in claim.conditions.items():
-            conditions[device_id] = conditions.get(device_id, ()) + found
+        for key, found in claim.conditions.items():
+            conditions[key] = conditions.get(key, ()) + found
     devices: list[DraDevice] = []
     updating: set[str] = set()
     for (driver, _), pieces in sorted(pools.items()):
