@@ -349,6 +349,15 @@ class DisruptionBudgets:
             budgets = list(self._by_namespace.get(namespace, {}).values())
         return any(budget.selects(labels) for budget in budgets)
 
+    def user(
+        self, key: str, pod: observed.PodFacts | None, namespace_labels: Mapping[str, str] | None
+    ) -> observed.DeviceUser:
+        """A pod (key) using a DRA device, as `fences.eviction_path` reads it: a pod not seen yet may
+        have a budget."""
+        namespace = key.partition("/")[0]
+        budgeted = pod is None or self.select(namespace, pod.labels)
+        return observed.DeviceUser(namespace, budgeted, namespace_labels)
+
 
 class DeviceReports:
     """The DRA devices each pod's status has reported Healthy or Unhealthy, by pod uid, pruned when the

@@ -52,10 +52,11 @@ class HealthControllers:
     ) -> None:
         self.ledger = Ledger()
         self.index = PodIndex()
-        self.pods = pods
-        self.namespace_labels = namespace_labels
         self.budgets = DisruptionBudgets()
-        self.dra = DraIndex(fencing=lambda: own_rules is not None and own_rules.served, user=self.device_user)
+        self.dra = DraIndex(
+            fencing=lambda: own_rules is not None and own_rules.served,
+            user=lambda key: self.budgets.user(key, pods.get(key), namespace_labels(key.partition("/")[0])),
+        )
         self.reports = DeviceReports()
         self.breaker = Breaker(breaker_store, clock)
         self.limits = EvictionRateLimits(clock=lambda: clock().timestamp())
@@ -126,14 +127,6 @@ class HealthControllers:
         """A budget may change who is to evict the pods of a fenced device: its rule's effect."""
         self.budgets.changed(change)
         self.node_health.devices_changed(tuple(self.dra.fenced_nodes()))
-
-    def device_user(self, key: str) -> observed.DeviceUser:
-        """A pod using a DRA device: its namespace and whether a budget selects it (a pod not in the
-        cache yet may have one)."""
-        namespace = key.partition("/")[0]
-        pod = self.pods.get(key)
-        budgeted = pod is None or self.budgets.select(namespace, pod.labels)
-        return observed.DeviceUser(namespace, budgeted, self.namespace_labels(namespace))
 
     def seed(self, nodes: Iterable[observed.NodeFacts], policy: Policy, now: datetime.datetime) -> None:
         """Takes the records the nodes carry into the ledger and the breaker's log."""
