@@ -596,12 +596,24 @@ class NodeResources:
     def __init__(self, node: SimNode) -> None:
         self.node = node
 
-    def held(self) -> list[holdings.Holding]:
-        return [
+    def listed(self) -> tuple[list[holdings.Holding], list[holdings.ClaimHolding]]:
+        """What the device plugin's pods hold, and the DRA devices (ids `<driver>/<pool>/<device>`)
+        the claim pods hold."""
+        workers = self.node.workers.values()
+        held = [
             holdings.Holding(pod.namespace, pod.name, "main", pod.resource, frozenset(pod.device_ids))
-            for pod in self.node.workers.values()
+            for pod in workers
             if not pod.claim
         ]
+        claims = [
+            holdings.ClaimHolding(
+                pod.namespace, pod.name, "main", pod.namespace, f"{pod.name}-gpu", *device.split("/")
+            )
+            for pod in workers
+            if pod.claim
+            for device in pod.device_ids
+        ]
+        return held, claims
 
     def allocatable(self) -> dict[str, frozenset[str]]:
         ids = self.node.allocatable_ids()

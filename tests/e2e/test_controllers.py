@@ -474,6 +474,60 @@ def test_the_pod_on_a_fenced_dra_device_is_removed_and_its_neighbour_on_the_same
     kubelet.finish_deletion(ns, "trainer")
 
 
+def test_by_default_a_pod_with_a_disruption_budget_is_left_to_the_eviction_api_and_one_without_to_no_execute(
+    cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, ns: str
+) -> None:
+    """health.dra.evict auto: the device of a pod a PDB selects is fenced NoSchedule and the pod
+    evicted through the Eviction API, which its budget (0 disruptions allowed) refuses, and gpuguard
+    says so; the device of a pod no PDB selects is fenced NoExecute and the real device-taint-eviction
+    controller removes that pod."""
+    controllers = start(fast_policy(test_id, signals={"deviceTaints": {"keys": [], "forSeconds": 1}}))
+    name = kubelet.node(f"{test_id}-a", capacity=None, plugin=False)
+    kubelet.resource_slice(name)
+    running_on_device(kubelet, ns, name, "trainer", "gpu-3")
+    running_on_device(kubelet, ns, name, "loner", "gpu-4")
+    cluster.kubectl("label", "pod", "trainer", "-n", ns, "app=trainer")
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "trainer", "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(budget))
+
+    def allowed() -> int | None:
+        status = cluster.kubectl_json("get", "pdb", "trainer", "-n", ns).get("status") or {}
+        return status.get("disruptionsAllowed") if status.get("currentHealthy") == 1 else None
+
+    eventually(lambda: allowed() == 0, what="the disruption controller counting the budget")
+
+    kubelet.resource_slice(name, taints={3: [XID_79], 4: [XID_79]})
+    budgeted, loner = (fences.rule_name(f"{DRA_DRIVER}/{name}/gpu-{i}") for i in (3, 4))
+
+    def pod(pod: str) -> dict[str, Any]:
+        got: dict[str, Any] = cluster.kubectl_json("get", "pod", pod, "-n", ns)
+        return got
+
+    eventually(
+        lambda: pod("loner")["metadata"].get("deletionTimestamp") is not None,
+        what="the pod without a budget removed",
+        processes=[controllers],
+    )
+    target = disruption_target(pod("loner"))
+    assert target is not None and target["reason"] == "DeletionByDeviceTaintManager"
+    eventually(
+        lambda: "EvictionBlocked" in reasons(cluster, kind="Pod", name="trainer", namespace=ns),
+        what="the refused eviction said",
+        processes=[controllers],
+    )
+    rules = device_rules(cluster)
+    assert rules[budgeted]["spec"]["taint"]["effect"] == "NoSchedule"
+    assert rules[loner]["spec"]["taint"]["effect"] == "NoExecute"
+    assert pod("trainer")["metadata"].get("deletionTimestamp") is None  # refused, never deleted
+    assert controllers.metric("gpuguard_remediations_total", action="evict", outcome="blocked") >= 1
+    kubelet.finish_deletion(ns, "loner")
+
+
 def test_a_node_whose_devices_all_failed_is_cordoned_and_drained_and_given_back_on_recovery(
     cluster: ControlPlane, kubelet: Kubelet, start: Start, test_id: str, ns: str
 ) -> None:

@@ -419,8 +419,10 @@ CONTROLLERS_ALLOWED = [
     ("update", "leases.coordination.k8s.io/gpuguard-controllers", NAMESPACE),
     ("update", "configmaps/gpuguard-remediation", NAMESPACE),
     ("watch", f"configmaps/{POLICY_CONFIGMAP}", NAMESPACE),
+    ("watch", "poddisruptionbudgets.policy", "--all-namespaces"),  # who evicts from a fenced DRA device
 ]
 CONTROLLERS_DENIED = [
+    ("update", "poddisruptionbudgets.policy", "team-a"),
     ("delete", "pods", "team-a"),  # evictions only: the API server checks the disruption budget
     ("update", "pods", "team-a"),
     ("patch", "pods --subresource=status", "team-a"),
@@ -466,6 +468,8 @@ def test_controllers_service_account_rules_are_exactly_theirs(
         *{("", r, "", v) for r in ("pods", "namespaces") for v in ("get", "list", "watch")},
         ("", "pods/eviction", "", "create"),
         ("events.k8s.io", "events", "", "create"),
+        # health.dra.evict auto: whether a PodDisruptionBudget selects a pod on a fenced DRA device.
+        *{("policy", "poddisruptionbudgets", "", v) for v in ("get", "list", "watch")},
         *{
             ("resource.k8s.io", r, "", v)
             for r in ("resourceslices", "resourceclaims")

@@ -152,3 +152,63 @@ def test_pods_of_a_no_execute_fence_are_left_to_the_device_taint_eviction_contro
     wired.pod_health.reconcile("ml/trainer")
     wired.node_health.reconcile("gpu-1")
     assert wired.evictions.sent == [] and wired.rules.calls == []
+
+
+def budget(name: str = "trainer", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    selector = {"matchLabels": labels or {"app": "trainer"}}
+    return {"metadata": {"name": name, "namespace": "ml"}, "spec": {"minAvailable": 1, "selector": selector}}
+
+
+def test_by_default_the_device_of_a_pod_with_a_budget_is_fenced_no_schedule_and_one_without_no_execute() -> (
+    None
+):
+    trainer = raw_pod("trainer", gpus=0, claims=["gpu"], labels={"app": "trainer"})
+    loner = raw_pod("loner", gpus=0, claims=["gpu"], labels={"app": "loner"})
+    claims = [raw_claim("trainer-gpu"), raw_claim("loner-gpu", device="gpu-4", pod="loner")]
+    wired = Wired(
+        ENFORCE,
+        [dra_node()],
+        [trainer, loner],
+        slices=[raw_slice(taints=tainted(3, 4))],
+        claims=claims,
+        budgets=[budget()],
+    )
+    wired.node_health.reconcile("gpu-1")
+    created = {body["metadata"]["name"]: body["spec"]["taint"]["effect"] for _, body in wired.rules.calls}
+    gpu_4 = f"{DRIVER}/gpu-1/gpu-4"
+    assert created == {fences.rule_name(GPU_3): "NoSchedule", fences.rule_name(gpu_4): "NoExecute"}
+
+
+def test_a_budget_that_comes_makes_the_rule_no_schedule() -> None:
+    trainer = raw_pod("trainer", gpus=0, claims=["gpu"], labels={"app": "trainer"})
+    wired = Wired(
+        ENFORCE,
+        [dra_node()],
+        [trainer],
+        slices=[raw_slice(taints=tainted(3))],
+        claims=[raw_claim("trainer-gpu")],
+        rules=[own_rule("NoExecute")],
+    )
+    wired.node_health.reconcile("gpu-1")
+    wired.pod_health.reconcile("ml/trainer")
+    assert wired.rules.calls == [] and wired.evictions.sent == []  # the device-taint-eviction controller's
+
+    queue = wired.node_health.controller.queue
+    while (key := queue.get(timeout=0)) is not None:
+        queue.done(key)
+    wired.list_budgets(budget())
+    assert queue.get(timeout=0) == "gpu-1"  # the fenced node is looked at again
+    wired.node_health.reconcile("gpu-1")
+    assert wired.rules.calls == [("patch", (fences.rule_name(GPU_3), "5", "NoSchedule"))]
+
+
+def test_a_pod_not_in_the_cache_yet_is_taken_to_have_a_budget() -> None:
+    wired = Wired(
+        ENFORCE,
+        [dra_node()],
+        slices=[raw_slice(taints=tainted(3))],
+        claims=[raw_claim("trainer-gpu")],
+    )
+    wired.node_health.reconcile("gpu-1")
+    ((_, body),) = wired.rules.calls
+    assert body["spec"]["taint"]["effect"] == "NoSchedule"

@@ -7,6 +7,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
+
 from webhook.cli import nodes
 from webhook.controllers.breaker import BreakerState
 from webhook.controllers.status import Row
@@ -282,6 +284,97 @@ def test_evictions_by_the_device_taint_controller_make_the_rule_no_execute() -> 
     assert fenced(ladder.plan_node(dra_node(sliced(taints=tainted(3))), [], audit_evictions, FREE, NOW)) == {
         GPU_3: "NoSchedule"
     }
+
+
+# --- who evicts the pods of a fenced device: health.dra.evict ------------------------------------------
+
+TAINTS_NOW = {"deviceTaints": {"keys": [], "forSeconds": 0}}
+BUDGETED = observed.DeviceUser("ml", budgeted=True)
+UNBUDGETED = observed.DeviceUser("ml", budgeted=False)
+
+
+def test_by_default_a_pod_a_disruption_budget_selects_is_left_to_the_eviction_api() -> None:
+    policy = enforcing(signals=TAINTS_NOW)
+    assert policy.health.dra.evict == "auto"
+    assert fences.eviction_path(policy, BUDGETED) == "evictionAPI"
+    assert fences.eviction_path(policy, UNBUDGETED) == "deviceTaint"
+    assert fences.fence_effect(policy, [UNBUDGETED]) == "NoExecute"
+    # One pod with a budget on the device keeps its rule NoSchedule: NoExecute would delete it too.
+    assert fences.fence_effect(policy, [UNBUDGETED, BUDGETED]) == "NoSchedule"
+    # No pod known to use it: one not seen yet may have a budget.
+    assert fences.fence_effect(policy) == "NoSchedule"
+
+
+def test_the_choice_is_the_policys_outright_and_per_namespace() -> None:
+    policy = enforcing(
+        signals=TAINTS_NOW,
+        dra={"evict": "evictionAPI"},
+    )
+    assert fences.fence_effect(policy, [UNBUDGETED]) == "NoSchedule"
+    per_namespace = make_policy(
+        {
+            "health": {"mode": "enforce", "signals": TAINTS_NOW, "dra": {"evict": "evictionAPI"}},
+            "namespaces": [
+                {"names": ["batch"], "draEvict": "deviceTaint"},
+                {"selector": {"matchLabels": {"team": "serving"}}, "draEvict": "auto"},
+            ],
+        }
+    )
+    batch = observed.DeviceUser("batch", budgeted=True)
+    assert fences.eviction_path(per_namespace, batch) == "deviceTaint"  # even with a budget
+    assert fences.fence_effect(per_namespace, [batch]) == "NoExecute"
+    assert fences.eviction_path(per_namespace, UNBUDGETED) == "evictionAPI"
+    serving = observed.DeviceUser("web", budgeted=False, namespace_labels={"team": "serving"})
+    assert fences.eviction_path(per_namespace, serving) == "deviceTaint"
+    assert fences.eviction_path(per_namespace, dataclasses.replace(serving, budgeted=True)) == "evictionAPI"
+    # The device-taint-eviction controller deletes: never where that namespace's evictions are not enforced.
+    audited = make_policy(
+        {
+            "health": {"mode": "enforce", "signals": TAINTS_NOW, "dra": {"evict": "deviceTaint"}},
+            "namespaces": [{"names": ["ml"], "health": "audit"}],
+        }
+    )
+    assert fences.fence_effect(audited, [UNBUDGETED]) == "NoSchedule"
+    assert fences.fence_effect(audited, [observed.DeviceUser("other", budgeted=False)]) == "NoExecute"
+    with pytest.raises(ValueError, match="draEvict"):
+        make_policy({"namespaces": [{"names": ["ml"], "draEvict": "delete"}]})
+
+
+def test_each_failed_device_gets_the_effect_its_own_pods_call_for() -> None:
+    users = {GPU_3: (BUDGETED,), f"{DRIVER}/gpu-1/gpu-4": (UNBUDGETED,)}
+    facts = dra_node(sliced(taints=tainted(3, 4)))
+    facts = observed.with_devices(facts, dataclasses.replace(facts.dra, users=users))
+    plan = ladder.plan_node(facts, [], enforcing(signals=TAINTS_NOW), FREE, NOW)
+    assert fenced(plan) == {GPU_3: "NoSchedule", f"{DRIVER}/gpu-1/gpu-4": "NoExecute"}
+    (step,) = [step for step in plan.steps if step.action == "taint"]
+    assert step.note.startswith(
+        f"DeviceTaintRule {observed.TAINT_KEY}:NoSchedule on {GPU_3}; "
+        f"{observed.TAINT_KEY}:NoExecute on {DRIVER}/gpu-1/gpu-4: "
+    )
+
+
+def test_a_disruption_budget_selects_by_labels_and_expressions_and_a_null_selector_selects_nothing() -> None:
+    def budget(selector: JSON | None) -> observed.BudgetFacts | None:
+        spec = {"maxUnavailable": 0} | ({"selector": selector} if selector is not None else {})
+        return observed.budget_facts({"metadata": {"namespace": "ml", "name": "b"}, "spec": spec})
+
+    assert budget(None) is None
+    everything = budget({})
+    assert everything is not None and everything.selects({}) and everything.key == "ml/b"
+    chosen = budget(
+        {
+            "matchLabels": {"app": "trainer"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["gold", "silver"]},
+                {"key": "canary", "operator": "DoesNotExist"},
+            ],
+        }
+    )
+    assert chosen is not None
+    assert chosen.selects({"app": "trainer", "tier": "gold"})
+    assert not chosen.selects({"app": "trainer", "tier": "bronze"})
+    assert not chosen.selects({"app": "trainer", "tier": "gold", "canary": "yes"})
+    assert not chosen.selects({"tier": "gold"})
 
 
 def test_a_node_held_by_the_budget_gets_a_none_rule() -> None:

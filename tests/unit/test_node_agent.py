@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from webhook.agent.nodeagent import NodeAgent, Options
-from webhook.agent.podresources import WireError, decode_allocatable, decode_list, fields
+from webhook.agent.podresources import WireError, decode_allocatable, decode_claims, decode_list, fields
 from webhook.kube.events import EventRecorder
 from webhook.kube.remediation import ConflictError
 from webhook.policy.health import holdings, observed
-from webhook.policy.health.holdings import Condition, Holding, PodView
+from webhook.policy.health.holdings import ClaimHolding, Condition, Holding, PodView
 from webhook.runtime.metrics import Registry
 
 # --- protobuf, written out field by field as the kubelet sends it ------------------------------------
@@ -70,6 +70,65 @@ def test_a_list_answer_becomes_holdings_per_container_and_resource() -> None:
         Holding("serve", "infer", "main", "nvidia.com/gpu", frozenset({"gpu-3"})),
         Holding("ml", "train-0", "main", "nvidia.com/gpu", frozenset({"gpu-0", "gpu-1"})),
     ]
+
+
+def claim_resource(driver: str, pool: str, device: str, *cdi: str) -> bytes:
+    """ClaimResource: cdi_devices = 1 { name = 1 }, driver_name = 2, pool_name = 3, device_name = 4."""
+    return (
+        b"".join(field(1, field(1, name)) for name in cdi)
+        + field(2, driver)
+        + field(3, pool)
+        + field(4, device)
+    )
+
+
+def dynamic(claim: str, namespace: str, *resources: bytes) -> bytes:
+    """A container's DynamicResource (its field 5): claim_name = 2, claim_namespace = 3, claim_resources = 4."""
+    return field(5, field(2, claim) + field(3, namespace) + b"".join(field(4, r) for r in resources))
+
+
+DRA = "gpu.example.com"
+
+
+def test_a_list_answer_names_the_dra_devices_each_container_holds_through_its_claims() -> None:
+    shared = dynamic("train-gpu", "ml", claim_resource(DRA, "node-a", "gpu-3", f"{DRA}/gpu=gpu-3"))
+    answer = field(
+        1,
+        pod(
+            "train-0",
+            "ml",
+            container("main", devices("nvidia.com/gpu", "gpu-0")) + shared,
+            container("sidecar") + shared,
+        ),
+    ) + field(
+        1,
+        pod(
+            "infer",
+            "serve",
+            container("main")
+            + dynamic(
+                "pair",
+                "serve",
+                claim_resource(DRA, "node-a", "gpu-4"),
+                claim_resource(DRA, "node-a", "gpu-5"),
+            )
+            + dynamic("incomplete", "serve", claim_resource("", "node-a", "gpu-6")),
+        ),
+    )
+    claims = decode_claims(answer)
+    assert claims == [
+        ClaimHolding("ml", "train-0", "main", "ml", "train-gpu", DRA, "node-a", "gpu-3"),
+        ClaimHolding("ml", "train-0", "sidecar", "ml", "train-gpu", DRA, "node-a", "gpu-3"),
+        ClaimHolding("serve", "infer", "main", "serve", "pair", DRA, "node-a", "gpu-4"),
+        ClaimHolding("serve", "infer", "main", "serve", "pair", DRA, "node-a", "gpu-5"),
+    ]
+    # The device plugins' view of the same answer is unchanged by the DRA fields.
+    assert decode_list(answer) == [Holding("ml", "train-0", "main", "nvidia.com/gpu", frozenset({"gpu-0"}))]
+    assert holdings.dra_holders(claims) == {
+        f"{DRA}/node-a/gpu-3": holdings.DeviceHolders(DRA, ("ml/train-0",), ("ml/train-gpu",)),
+        f"{DRA}/node-a/gpu-4": holdings.DeviceHolders(DRA, ("serve/infer",), ("serve/pair",)),
+        f"{DRA}/node-a/gpu-5": holdings.DeviceHolders(DRA, ("serve/infer",), ("serve/pair",)),
+    }
 
 
 def test_an_allocatable_answer_skips_cpus_and_memory() -> None:
@@ -291,12 +350,13 @@ class Kubelet:
     def __init__(self) -> None:
         self.holdings = [held("a", "gpu-0"), held("b", "gpu-1")]
         self.offered = {GPU: frozenset({"gpu-0", "gpu-1"})}
+        self.claimed: list[ClaimHolding] = []
         self.broken = False
 
-    def held(self) -> list[Holding]:
+    def listed(self) -> tuple[list[Holding], list[ClaimHolding]]:
         if self.broken:
             raise ConnectionError("socket gone")
-        return list(self.holdings)
+        return list(self.holdings), list(self.claimed)
 
     def allocatable(self) -> dict[str, frozenset[str]]:
         return dict(self.offered)
@@ -407,6 +467,27 @@ def test_an_unreadable_kubelet_or_a_conflict_changes_nothing() -> None:
     writer.conflict = False
     agent.poll()  # the next poll decides again, on what the cache holds
     assert [p[1] for p in writer.patches] == ["b"]
+
+
+def test_a_poll_reports_which_pod_holds_which_dra_device_and_writes_nothing_for_it() -> None:
+    kubelet, pods = Kubelet(), Pods(view("a"), view("b"))
+    kubelet.claimed = [
+        ClaimHolding("ml", "a", "main", "ml", "a-gpu", DRA, "n1", "gpu-3"),
+        ClaimHolding("ml", "b", "main", "ml", "shared", DRA, "n1", "gpu-4"),
+        ClaimHolding("ml", "c", "main", "ml", "shared", DRA, "n1", "gpu-4"),
+    ]
+    writer = Writer(pods)
+    agent, registry, _ = agent_with(kubelet, pods, writer, [0.0])
+    agent.poll()
+    assert agent.observation.dra == {
+        f"{DRA}/n1/gpu-3": holdings.DeviceHolders(DRA, ("ml/a",), ("ml/a-gpu",)),
+        f"{DRA}/n1/gpu-4": holdings.DeviceHolders(DRA, ("ml/b", "ml/c"), ("ml/shared",)),
+    }
+    assert 'gpuguard_node_agent_dra_devices{driver="gpu.example.com"} 2' in registry.render()
+    assert writer.patches == []
+    kubelet.broken = True
+    agent.poll()
+    assert agent.observation.dra == {}  # an unreadable kubelet says nothing of who holds what
 
 
 @dataclass

@@ -115,6 +115,7 @@ class Wired(HealthControllers):
         slices: Sequence[dict[str, Any]] = (),
         claims: Sequence[dict[str, Any]] = (),
         rules: Sequence[dict[str, Any]] = (),
+        budgets: Sequence[dict[str, Any]] = (),
     ) -> None:
         stop = threading.Event()
         self.now = NOW
@@ -150,6 +151,13 @@ class Wired(HealthControllers):
             lambda raw: (f.name, f) if (f := fences.own_rule(raw)) else None,
             stop=stop,
         )
+        self.budget_list = Listed(*budgets)
+        self.budgets_cache: Informer[observed.BudgetFacts] = Informer(
+            "poddisruptionbudgets",
+            self.budget_list,
+            lambda raw: (f.key, f) if (f := observed.budget_facts(raw)) else None,
+            stop=stop,
+        )
         self.rules = RecordedRules()
         self.sent: list[dict[str, Any]] = []
         self.events = EventRecorder(lambda namespace, body: self.sent.append(body), stop=stop)
@@ -172,6 +180,7 @@ class Wired(HealthControllers):
             slices=self.slices,
             claims=self.claims,
             own_rules=self.own_rules,
+            budgets=self.budgets_cache,
         )
         # Synced once wired, as in the manager: the first list reaches the ledger, the pod index and
         # the device reports through the controllers' own change handlers.
@@ -181,6 +190,7 @@ class Wired(HealthControllers):
             and self.slices.sync()
             and self.claims.sync()
             and self.own_rules.sync()
+            and self.budgets_cache.sync()
         )
 
     def list_nodes(self, *nodes: dict[str, Any]) -> None:
@@ -192,6 +202,11 @@ class Wired(HealthControllers):
         """The ResourceSlices are now these, as `list_nodes` does for Nodes."""
         self.slice_list.objects = list(slices)
         assert self.slices.sync()
+
+    def list_budgets(self, *budgets: dict[str, Any]) -> None:
+        """The PodDisruptionBudgets are now these, as `list_nodes` does for Nodes."""
+        self.budget_list.objects = list(budgets)
+        assert self.budgets_cache.sync()
 
     def at(self, seconds: float) -> None:
         self.now = NOW + datetime.timedelta(seconds=seconds)

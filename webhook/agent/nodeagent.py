@@ -9,6 +9,10 @@ the policy whether to evict. The agent itself only reports: it never evicts, tai
 it remembers in memory (each resource's allocatable set on the last poll, the devices that left it,
 when it first saw a loss) only decides and delays a first report; a report already made is read back
 from the pod, so a restarted agent neither forgets nor repeats one.
+
+DRA devices are not in the allocatable sets: the agent reports which pod holds which of them (driver,
+pool, device, and the claim), as the kubelet sees it, in its `/policy` status (`draDevices`) and a
+gauge, so a failed DRA device maps to the pods holding it on this node.
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ from webhook.agent.podresources import DEFAULT_SOCKET
 from webhook.kube.events import EventRecorder, ObjectRef
 from webhook.kube.remediation import ConflictError, NotFoundError
 from webhook.policy.health import holdings
-from webhook.policy.health.holdings import DeviceKey, Holding, PodView, Registration
+from webhook.policy.health.holdings import (
+    ClaimHolding,
+    DeviceHolders,
+    DeviceKey,
+    Holding,
+    PodView,
+    Registration,
+)
 from webhook.runtime.metrics import Registry
 
 log = logging.getLogger("gpuguard.node-agent")
@@ -45,7 +56,7 @@ class Options:
 
 
 class PodResources(Protocol):
-    def held(self) -> list[Holding]: ...
+    def listed(self) -> tuple[list[Holding], list[ClaimHolding]]: ...
 
     def allocatable(self) -> dict[str, frozenset[str]]: ...
 
@@ -67,6 +78,14 @@ class Observation:
     ok: bool = False
     lost: dict[str, int] = field(default_factory=dict)
     unregistered: tuple[str, ...] = ()
+    # DRA device id -> the pods holding it on this node, and their claims.
+    dra: dict[str, DeviceHolders] = field(default_factory=dict)
+
+    def dra_devices_by_driver(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for holders in self.dra.values():
+            counts[holders.driver] = counts.get(holders.driver, 0) + 1
+        return counts
 
 
 class NodeAgent:
@@ -116,11 +135,17 @@ class NodeAgent:
             ("resource",),
             lambda: [((resource,), 1.0) for resource in self.observation.unregistered],
         )
+        registry.gauge(
+            "gpuguard_node_agent_dra_devices",
+            "DRA devices pods hold through their resource claims, by driver (last poll)",
+            ("driver",),
+            lambda: [((driver,), float(n)) for driver, n in self.observation.dra_devices_by_driver().items()],
+        )
 
     def poll(self) -> None:
         """One pass: read the kubelet, decide, write the differences. A failed read changes nothing."""
         try:
-            held, allocatable = self.resources.held(), self.resources.allocatable()
+            (held, claims), allocatable = self.resources.listed(), self.resources.allocatable()
         except Exception as exc:  # grpc errors and unreadable answers alike: report, keep what is written
             log.warning(
                 "PodResources API unreadable: %s", exc, extra={"fields": {"socket": str(self.options.socket)}}
@@ -142,7 +167,7 @@ class NodeAgent:
         counts: dict[str, int] = {}
         for holding in loss.lost:
             counts[holding.resource] = counts.get(holding.resource, 0) + len(holding.device_ids)
-        self.observation = Observation(True, counts, loss.unregistered)
+        self.observation = Observation(True, counts, loss.unregistered, holdings.dra_holders(claims))
         if loss.unregistered:
             log.warning(
                 "no device of %s is allocatable: its plugin is not registered; pods holding it keep their condition",

@@ -14,7 +14,7 @@ from types import TracebackType
 
 import grpc
 
-from webhook.policy.health.holdings import Holding
+from webhook.policy.health.holdings import ClaimHolding, Holding
 
 SERVICE = "v1.PodResourcesLister"
 # The kubelet's socket, under the directory the DaemonSet mounts read-only.
@@ -90,11 +90,9 @@ def _devices(data: bytes) -> tuple[str, list[str]]:
     return resource, ids
 
 
-def decode_list(data: bytes) -> list[Holding]:
-    """ListPodResourcesResponse: pod_resources = 1 { name = 1, namespace = 2, containers = 3 { name = 1,
-    devices = 2 } }. One Holding per container and resource (the kubelet may split a container's devices
-    of one resource by topology: they are joined)."""
-    found: defaultdict[tuple[str, str, str, str], set[str]] = defaultdict(set)
+def _containers(data: bytes) -> Iterator[tuple[str, str, bytes]]:
+    """(namespace, pod, ContainerResources) of a ListPodResourcesResponse: pod_resources = 1 { name = 1,
+    namespace = 2, containers = 3 }."""
     for number, pod_value in fields(data):
         if number != 1:
             continue
@@ -108,15 +106,70 @@ def decode_list(data: bytes) -> list[Holding]:
             elif pod_field == 3:
                 containers.append(_message(value))
         for container_data in containers:
-            container, held = "", []
-            for container_field, value in fields(container_data):
-                if container_field == 1:
-                    container = _text(value)
-                elif container_field == 2:
-                    held.append(_devices(_message(value)))
-            for resource, ids in held:
-                found[namespace, pod, container, resource].update(ids)
+            yield namespace, pod, container_data
+
+
+def decode_list(data: bytes) -> list[Holding]:
+    """The device plugins' devices in a ListPodResourcesResponse: containers { name = 1, devices = 2 }.
+    One Holding per container and resource (the kubelet may split a container's devices of one
+    resource by topology: they are joined)."""
+    found: defaultdict[tuple[str, str, str, str], set[str]] = defaultdict(set)
+    for namespace, pod, container_data in _containers(data):
+        container, held = "", []
+        for container_field, value in fields(container_data):
+            if container_field == 1:
+                container = _text(value)
+            elif container_field == 2:
+                held.append(_devices(_message(value)))
+        for resource, ids in held:
+            found[namespace, pod, container, resource].update(ids)
     return [Holding(*key, device_ids=frozenset(ids)) for key, ids in found.items()]
+
+
+def _claim_resource(data: bytes) -> tuple[str, str, str]:
+    """ClaimResource: driver_name = 2, pool_name = 3, device_name = 4 (cdi_devices = 1 and share_id = 5
+    skipped)."""
+    named = {2: "", 3: "", 4: ""}
+    for number, value in fields(data):
+        if number in named:
+            named[number] = _text(value)
+    return named[2], named[3], named[4]
+
+
+def _dynamic_resource(data: bytes) -> tuple[str, str, list[tuple[str, str, str]]]:
+    """DynamicResource: claim_name = 2, claim_namespace = 3, claim_resources = 4 (1 is reserved)."""
+    claim = namespace = ""
+    devices = []
+    for number, value in fields(data):
+        if number == 2:
+            claim = _text(value)
+        elif number == 3:
+            namespace = _text(value)
+        elif number == 4:
+            devices.append(_claim_resource(_message(value)))
+    return claim, namespace, devices
+
+
+def decode_claims(data: bytes) -> list[ClaimHolding]:
+    """The DRA devices in a ListPodResourcesResponse: containers { name = 1, dynamic_resources = 5 }.
+    One ClaimHolding per container, claim and device; a device without a driver, pool or name is
+    none (nothing could fence it)."""
+    found: dict[ClaimHolding, None] = {}
+    for namespace, pod, container_data in _containers(data):
+        container, dynamic = "", []
+        for container_field, value in fields(container_data):
+            if container_field == 1:
+                container = _text(value)
+            elif container_field == 5:
+                dynamic.append(_dynamic_resource(_message(value)))
+        for claim, claim_namespace, devices in dynamic:
+            for driver, pool, device in devices:
+                if driver and pool and device:
+                    holding = ClaimHolding(
+                        namespace, pod, container, claim_namespace, claim, driver, pool, device
+                    )
+                    found[holding] = None
+    return list(found)
 
 
 def decode_allocatable(data: bytes) -> dict[str, frozenset[str]]:
@@ -151,6 +204,12 @@ class PodResourcesClient:
     def held(self) -> list[Holding]:
         """`List`: the devices each container of each pod on the node holds."""
         return decode_list(self._call("List"))
+
+    def listed(self) -> tuple[list[Holding], list[ClaimHolding]]:
+        """`List`, asked once: the device plugins' devices each container of each pod on the node holds
+        (as `held`), and the DRA devices it holds through its claims."""
+        answer = self._call("List")
+        return decode_list(answer), decode_claims(answer)
 
     def allocatable(self) -> dict[str, frozenset[str]]:
         """`GetAllocatableResources`: resource name -> the IDs of the devices the node still offers."""

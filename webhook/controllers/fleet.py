@@ -1,6 +1,6 @@
 """What the controllers know about the fleet as a whole: the accelerator nodes per pool, gpuguard's
 verdict on each node (the ledger), the pods bound to each node, their DRA devices and the eviction
-rate limits (the circuit breaker has a module of its own, `breaker`). Shared by the node health
+rate limits, the PodDisruptionBudgets (the circuit breaker has a module of its own, `breaker`). Shared by the node health
 controller, the pod device-health watcher, the metrics and the probes, so every method is safe from
 any thread.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import datetime
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -171,9 +171,15 @@ class DraIndex:
     A claim belongs to the nodes whose slices publish the pools of its devices, whichever of the two
     the informers deliver first."""
 
-    def __init__(self, fencing: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        fencing: Callable[[], bool] = lambda: True,
+        user: Callable[[str], observed.DeviceUser] | None = None,
+    ) -> None:
         # Whether DeviceTaintRules are served (`NodeDevices.fencing`).
         self.fencing = fencing
+        # A pod (key) using a device, as `fences.eviction_path` reads it; None: users are not joined in.
+        self.user = user
         self._slices: dict[str, observed.SliceFacts] = {}
         self._by_node: dict[str, set[str]] = collections.defaultdict(set)
         # (driver, pool) -> the nodes publishing it, and the claims allocated from it.
@@ -260,6 +266,11 @@ class DraIndex:
             sorted({d for c in claims for d in _devices(c) if d in rules and rules[d].effect == effect})
         )
 
+    def fenced_nodes(self) -> list[str]:
+        """The nodes with gpuguard's DeviceTaintRules on some of their devices."""
+        with self._lock:
+            return sorted(self._rules)
+
     def joined(self, node: observed.NodeFacts) -> observed.NodeFacts:
         """The node with the DRA devices its ResourceSlices publish (the Node says nothing of them)."""
         return observed.with_devices(node, self.devices_of(node.name))
@@ -273,7 +284,25 @@ class DraIndex:
             fenced = {device: rule.effect for device, rule in self._rules.get(node, {}).items()}
         devices = observed.node_devices(slices, claims) if slices else observed.NO_DRA_DEVICES
         fencing = self.fencing()
-        return replace(devices, fenced=fenced, fencing=fencing) if fenced or not fencing else devices
+        users = self._users(devices, claims)
+        if fenced or not fencing or users:
+            return replace(devices, fenced=fenced, fencing=fencing, users=users)
+        return devices
+
+    def _users(
+        self, devices: observed.NodeDevices, claims: list[observed.ClaimFacts]
+    ) -> dict[str, tuple[observed.DeviceUser, ...]]:
+        """The pods using each of the node's devices, by device id."""
+        if self.user is None:
+            return {}
+        published = {device.id for device in devices.devices}
+        pods: dict[str, set[str]] = collections.defaultdict(set)
+        for claim in claims:
+            for device in _devices(claim) & published:
+                pods[device] |= _users(claim)
+        return {
+            device: tuple(self.user(pod) for pod in sorted(keys)) for device, keys in sorted(pods.items())
+        }
 
 
 def _pools(claim: observed.ClaimFacts | None) -> set[tuple[str, str]]:
@@ -294,6 +323,40 @@ def _unlink(index: dict[_K, set[str]], key: _K, value: str) -> None:
         members.discard(value)
         if not members:
             del index[key]
+
+
+class DisruptionBudgets:
+    """The PodDisruptionBudgets of each namespace, fed by their informer's changes."""
+
+    def __init__(self) -> None:
+        self._by_namespace: dict[str, dict[str, observed.BudgetFacts]] = collections.defaultdict(dict)
+        self._lock = threading.Lock()
+
+    def changed(self, change: Change[observed.BudgetFacts]) -> None:
+        with self._lock:
+            for budget in (change.old, change.new):
+                if budget is not None:
+                    self._by_namespace[budget.namespace].pop(budget.name, None)
+            if change.new is not None:
+                self._by_namespace[change.new.namespace][change.new.name] = change.new
+            for budget in (change.old, change.new):
+                if budget is not None and not self._by_namespace.get(budget.namespace, True):
+                    del self._by_namespace[budget.namespace]
+
+    def select(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Some budget of the namespace selects a pod with these labels."""
+        with self._lock:
+            budgets = list(self._by_namespace.get(namespace, {}).values())
+        return any(budget.selects(labels) for budget in budgets)
+
+    def user(
+        self, key: str, pod: observed.PodFacts | None, namespace_labels: Mapping[str, str] | None
+    ) -> observed.DeviceUser:
+        """A pod (key) using a DRA device, as `fences.eviction_path` reads it: a pod not seen yet may
+        have a budget."""
+        namespace = key.partition("/")[0]
+        budgeted = pod is None or self.select(namespace, pod.labels)
+        return observed.DeviceUser(namespace, budgeted, namespace_labels)
 
 
 class DeviceReports:

@@ -143,10 +143,9 @@ class PodHealth:
             draining=self.draining(node, policy),
             unknown_since=unknown_since,
             driver_settled=settled,
-            # Pods of a device fenced NoExecute are the device-taint-eviction controller's to remove.
-            fenced=self.dra.fenced_devices_of(key, "NoSchedule")
-            if policy.health.dra.evict == "evictionAPI"
-            else (),
+            # Pods of a device fenced NoExecute are the device-taint-eviction controller's to remove;
+            # a NoSchedule fence leaves them to the Eviction API (`fences.fence_effect`).
+            fenced=self.dra.fenced_devices_of(key, "NoSchedule"),
         )
         if not verdict.evict:
             with self._lock:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from webhook.controllers.breaker import BreakerState
-from webhook.controllers.fleet import DraIndex, Ledger
-from webhook.kube import remediation
+from webhook.controllers.fleet import DisruptionBudgets, DraIndex, Ledger
+from webhook.kube import fact_sources, remediation
 from webhook.kube.client import ApiClient
 from webhook.kube.informer import Change, ListWatch, NotServedError
 from webhook.policy.health import fences, ladder, observed, records
@@ -42,10 +42,20 @@ def _list(source: ListWatch) -> Iterable[dict[str, object]]:
             return
 
 
-def _dra(api: ApiClient) -> DraIndex:
-    """The DRA devices of every node: ResourceSlices, allocated claims and gpuguard's DeviceTaintRules,
-    joined as the controllers join them (none where the cluster does not serve resource.k8s.io/v1)."""
-    dra = DraIndex()
+def _dra(api: ApiClient, pods: list[observed.PodFacts]) -> DraIndex:
+    """The DRA devices of every node: ResourceSlices, allocated claims, gpuguard's DeviceTaintRules and
+    the pods using each device (their budgets, their namespaces' labels), joined as the controllers
+    join them (none where the cluster does not serve resource.k8s.io/v1)."""
+    budgets = DisruptionBudgets()
+    for raw in _list(remediation.disruption_budgets(api)):
+        if (budget := observed.budget_facts(raw)) is not None:
+            budgets.changed(Change(budget.key, None, budget))
+    labels = {}
+    for raw in _list(remediation.namespaces(api)):
+        if (found := fact_sources.namespace_labels(raw)) is not None:
+            labels[str(found[0])] = found[1]
+    by_key = {pod.key: pod for pod in pods}
+    dra = DraIndex(user=lambda key: budgets.user(key, by_key.get(key), labels.get(key.partition("/")[0])))
     try:
         for raw in _list(remediation.resource_slices(api)):
             if (piece := observed.slice_facts(raw)) is not None:
@@ -62,11 +72,11 @@ def _dra(api: ApiClient) -> DraIndex:
 
 
 def read_cluster(api: ApiClient, namespace: str) -> Cluster:
-    dra = _dra(api)
+    pods = [p for raw in _list(remediation.pods(api)) if (p := observed.pod_facts(raw)) is not None]
+    dra = _dra(api, pods)
     nodes = [
         dra.joined(n) for raw in _list(remediation.nodes(api)) if (n := observed.node_facts(raw)) is not None
     ]
-    pods = [p for raw in _list(remediation.pods(api)) if (p := observed.pod_facts(raw)) is not None]
     state = remediation.ConfigMapStore(api, namespace, STATE_CONFIGMAP).read()
     return Cluster(nodes, pods, BreakerState.from_data(state.data))
 

@@ -12,7 +12,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from webhook.controllers.breaker import Breaker, StateStore
-from webhook.controllers.fleet import DeviceReports, DraIndex, EvictionRateLimits, Ledger, PodIndex
+from webhook.controllers.fleet import (
+    DeviceReports,
+    DisruptionBudgets,
+    DraIndex,
+    EvictionRateLimits,
+    Ledger,
+    PodIndex,
+)
 from webhook.controllers.nodehealth import DeviceTaintRules, NodeHealth, NodeWrites
 from webhook.controllers.podhealth import Evictions, PodHealth
 from webhook.kube.events import EventRecorder
@@ -41,10 +48,15 @@ class HealthControllers:
         slices: Informer[observed.SliceFacts] | None = None,
         claims: Informer[observed.ClaimFacts] | None = None,
         own_rules: Informer[fences.OwnRule] | None = None,
+        budgets: Informer[observed.BudgetFacts] | None = None,
     ) -> None:
         self.ledger = Ledger()
         self.index = PodIndex()
-        self.dra = DraIndex(fencing=lambda: own_rules is not None and own_rules.served)
+        self.budgets = DisruptionBudgets()
+        self.dra = DraIndex(
+            fencing=lambda: own_rules is not None and own_rules.served,
+            user=lambda key: self.budgets.user(key, pods.get(key), namespace_labels(key.partition("/")[0])),
+        )
         self.reports = DeviceReports()
         self.breaker = Breaker(breaker_store, clock)
         self.limits = EvictionRateLimits(clock=lambda: clock().timestamp())
@@ -91,6 +103,8 @@ class HealthControllers:
             claims.on_change(self.claim_changed)
         if own_rules is not None:
             own_rules.on_change(self.rule_changed)
+        if budgets is not None:
+            budgets.on_change(self.budget_changed)
 
     def pod_changed(self, change: Change[observed.PodFacts]) -> None:
         # Remembered before either controller is enqueued: neither decides on a status not yet counted.
@@ -108,6 +122,11 @@ class HealthControllers:
         self.node_health.devices_changed(self.dra.rule_changed(change))
         rules = [rule for rule in (change.old, change.new) if rule is not None]
         self.pod_health.enqueue(sorted({pod for rule in rules for pod in self.dra.pods_using(rule.device)}))
+
+    def budget_changed(self, change: Change[observed.BudgetFacts]) -> None:
+        """A budget may change who is to evict the pods of a fenced device: its rule's effect."""
+        self.budgets.changed(change)
+        self.node_health.devices_changed(tuple(self.dra.fenced_nodes()))
 
     def seed(self, nodes: Iterable[observed.NodeFacts], policy: Policy, now: datetime.datetime) -> None:
         """Takes the records the nodes carry into the ledger and the breaker's log."""

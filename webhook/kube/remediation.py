@@ -351,6 +351,10 @@ def own_native_policies(api: client.ApiClient, resource: str) -> ResourceListWat
     )
 
 
+def disruption_budgets(api: client.ApiClient) -> ResourceListWatch:
+    return ResourceListWatch(client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces)
+
+
 def namespaces(api: client.ApiClient) -> ResourceListWatch:
     return ResourceListWatch(client.CoreV1Api(api).list_namespace)
 

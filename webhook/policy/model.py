@@ -425,6 +425,9 @@ class LabelSelector(_Model):
         )
 
 
+DraEvict = Literal["auto", "evictionAPI", "deviceTaint"]
+
+
 class NamespaceOverride(_Model):
     """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access).
 
@@ -438,6 +441,8 @@ class NamespaceOverride(_Model):
     mode: ModeField | None = None
     rules: dict[RuleId, ModeField] = Field(default_factory=dict)
     health: ModeField | None = None
+    # `health.dra.evict` for the pods there.
+    draEvict: DraEvict | None = None
 
     @model_validator(mode="after")
     def _names_or_selector(self) -> NamespaceOverride:
@@ -578,8 +583,9 @@ class CircuitBreaker(_Model):
 class Dra(_Model):
     # Who evicts the pods of a DRA device gpuguard fences once evictions are enforced: the Eviction API
     # (PodDisruptionBudgets respected), or the device-taint-eviction controller, through a NoExecute
-    # DeviceTaintRule (it deletes without consulting PodDisruptionBudgets).
-    evict: Literal["evictionAPI", "deviceTaint"]
+    # DeviceTaintRule (it deletes without consulting PodDisruptionBudgets); auto: the Eviction API for
+    # a pod a PodDisruptionBudget selects, the device-taint-eviction controller for any other.
+    evict: DraEvict
 
 
 class Health(_Model):
@@ -768,6 +774,13 @@ class Policy(_Model):
                 return override.health
         action_mode: HealthActionMode = getattr(self.health.actions, action)
         return action_mode.mode or self.health.mode
+
+    def dra_evict(self, namespace: str, labels: Mapping[str, str] | None = None) -> DraEvict:
+        """Who evicts the namespace's pods from a fenced DRA device: its `draEvict`, else `health.dra.evict`."""
+        override = self.namespace_override(namespace, labels)
+        if override is not None and override.draEvict is not None:
+            return override.draEvict
+        return self.health.dra.evict
 
     def priority_value(self, class_name: str) -> int | None:
         return self.priorityClasses.get(class_name)

@@ -109,6 +109,11 @@ def _own_rule(raw: dict[str, Any]) -> tuple[Hashable, fences.OwnRule] | None:
     return (rule.name, rule) if rule is not None else None
 
 
+def _budget(raw: dict[str, Any]) -> tuple[Hashable, observed.BudgetFacts] | None:
+    budget = observed.budget_facts(raw)
+    return (budget.key, budget) if budget is not None else None
+
+
 def _state(raw: dict[str, Any]) -> tuple[Hashable, dict[str, str]] | None:
     data = raw.get("data")
     return str(metadata_of(raw).get("name", "")), dict(data) if isinstance(data, dict) else {}
@@ -147,6 +152,9 @@ class ControllerManager:
         self.own_rules: Informer[fences.OwnRule] = Informer(
             "devicetaintrules", remediation.own_device_taint_rules(api), _own_rule, stop=stop
         )
+        self.budgets: Informer[observed.BudgetFacts] = Informer(
+            "poddisruptionbudgets", remediation.disruption_budgets(api), _budget, stop=stop
+        )
         # gpuguard's own admission policies and bindings (admission.mode): only those it labelled.
         self.own_native = nativesync.owned_informers(
             lambda resource: remediation.own_native_policies(api, resource), stop
@@ -159,6 +167,7 @@ class ControllerManager:
             self.slices,
             self.claims,
             self.own_rules,
+            self.budgets,
             *self.own_native,
         ]
         # Every write of the controllers checks, just before it goes, that this replica renewed the Lease
@@ -180,6 +189,7 @@ class ControllerManager:
             slices=self.slices,
             claims=self.claims,
             own_rules=self.own_rules,
+            budgets=self.budgets,
         )
         self.native = nativesync.NativePolicies(
             owned=self.own_native,

@@ -49,6 +49,11 @@ def run(options: Options) -> int:
             "node": options.node,
             "socket": str(options.socket),
             "lastPollOk": agent.observation.ok,
+            # Which pod holds which DRA device here: a failed device's pods on this node.
+            "draDevices": {
+                device: {"pods": list(holders.pods), "claims": list(holders.claims)}
+                for device, holders in agent.observation.dra.items()
+            },
         },
     )
     checks.add_readiness_check("pods", pods.has_synced)

@@ -1,7 +1,8 @@
 """gpuguard's DeviceTaintRules: a failed DRA device fenced alone, one rule per device.
 
-Which devices the due signals fail (`failed_devices`), with which effect (`fence_effect`), the rule
-written for each (`rule_object`) and how gpuguard knows its own rules among the cluster's (`own_rule`).
+Which devices the due signals fail (`failed_devices`), with which effect (`fence_effect`: who evicts
+the pods using the device, `eviction_path`), the rule written for each (`rule_object`) and how gpuguard
+knows its own rules among the cluster's (`own_rule`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webhook.policy.health.observed import TAINT_KEY, NodeFacts, device_id
+from webhook.policy.health.holdings import device_id
+from webhook.policy.health.observed import TAINT_KEY, DeviceUser, NodeFacts
 from webhook.policy.health.records import as_mapping
 from webhook.policy.health.signals import Signal
 from webhook.policy.model import Policy
 
 DeviceTaintEffect = Literal["None", "NoSchedule", "NoExecute"]
+EvictionPath = Literal["evictionAPI", "deviceTaint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,28 @@ def failed_devices(node: NodeFacts, due: Sequence[Signal]) -> dict[str, DeviceFe
     }
 
 
-def fence_effect(policy: Policy) -> DeviceTaintEffect:
-    """NoExecute when evictions are enforced and the device-taint-eviction controller is to do them."""
-    evicting = policy.health.dra.evict == "deviceTaint" and policy.health_mode("evict") == "enforce"
+def eviction_path(policy: Policy, user: DeviceUser) -> EvictionPath:
+    """Who is to evict a pod from its fenced device: the Eviction API, which consults the pod's
+    PodDisruptionBudget, or the device-taint-eviction controller, which deletes without. `auto` leaves
+    a pod a budget selects to the Eviction API."""
+    choice = policy.dra_evict(user.namespace, user.namespace_labels)
+    if choice == "auto":
+        return "evictionAPI" if user.budgeted else "deviceTaint"
+    return choice
+
+
+def fence_effect(policy: Policy, users: Sequence[DeviceUser] = ()) -> DeviceTaintEffect:
+    """NoExecute when the device-taint-eviction controller is to remove every pod using the device
+    (each one's path deviceTaint, evictions enforced in each one's namespace); NoSchedule otherwise, and
+    the pod watcher evicts them through the Eviction API under each namespace's mode. A device no pod
+    is known to use goes NoExecute only when the policy says deviceTaint outright: under `auto`, a pod
+    not seen yet may have a budget, and a NoSchedule rule is made NoExecute once its pods are known."""
+    if not users:
+        evicting = policy.health.dra.evict == "deviceTaint" and policy.health_mode("evict") == "enforce"
+        return "NoExecute" if evicting else "NoSchedule"
+    evicting = all(
+        policy.health_mode("evict", user.namespace, user.namespace_labels) == "enforce"
+        and eviction_path(policy, user) == "deviceTaint"
+        for user in users
+    )
     return "NoExecute" if evicting else "NoSchedule"

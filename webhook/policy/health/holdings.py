@@ -13,6 +13,9 @@ registering again under other IDs (a time-slicing or MPS config turns `GPU-<uuid
 `GPU-<uuid>::<n>`, a new ID strategy renames every device): the pods keep the devices the kubelet
 allocated them and nothing failed, so that is no loss, as the kubelet itself defaults a device it no
 longer knows to healthy.
+
+DRA devices never show in `GetAllocatableResources`; `List` names them by driver, pool and device
+(`ClaimHolding`), and `dra_holders` maps each to the pods holding it on the node.
 """
 
 from __future__ import annotations
@@ -50,6 +53,64 @@ class Holding:
 
 
 DeviceKey = tuple[str, str, str, str]  # pod key, container, resource, device
+
+
+def device_id(driver: str, pool: str, device: str) -> str:
+    """<driver>/<pool>/<device>: how allocation results, DeviceTaintRules and the kubelet name a device."""
+    return f"{driver}/{pool}/{device}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimHolding:
+    """A DRA device one container of a pod holds through a resource claim (`List`'s
+    `dynamic_resources`): the kubelet's own view, which needs no ResourceClaim from the API server."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim_namespace: str
+    claim: str
+    driver: str
+    pool: str
+    device: str
+
+    @property
+    def pod_key(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+    @property
+    def claim_key(self) -> str:
+        return f"{self.claim_namespace}/{self.claim}"
+
+    @property
+    def device_id(self) -> str:
+        return device_id(self.driver, self.pool, self.device)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHolders:
+    """The pods on the node holding one DRA device, and the claims they hold it through."""
+
+    driver: str
+    pods: tuple[str, ...]
+    claims: tuple[str, ...]
+
+
+def dra_holders(claims: Iterable[ClaimHolding]) -> dict[str, DeviceHolders]:
+    """Device id -> who holds it: what a failed DRA device (a driver taint, a DeviceTaintRule, an
+    Unhealthy report) takes down on this node. A claim shared by several containers, or pods, counts
+    its device once."""
+    drivers: dict[str, str] = {}
+    pods: defaultdict[str, set[str]] = defaultdict(set)
+    keys: defaultdict[str, set[str]] = defaultdict(set)
+    for holding in claims:
+        drivers[holding.device_id] = holding.driver
+        pods[holding.device_id].add(holding.pod_key)
+        keys[holding.device_id].add(holding.claim_key)
+    return {
+        device: DeviceHolders(drivers[device], tuple(sorted(pods[device])), tuple(sorted(keys[device])))
+        for device in sorted(drivers)
+    }
 
 
 @dataclass(frozen=True, slots=True)

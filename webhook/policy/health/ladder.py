@@ -174,12 +174,11 @@ def plan_node(
         devices = failed_devices(node, due) if node.dra.fencing else {}
         # Failed DRA devices are fenced alone; the node is tainted only for what no fence covers.
         device_only = bool(devices) and all(signal.device_ids for signal in due)
-        effect = fence_effect(policy)
+        effects = {key: fence_effect(policy, node.dra.users.get(key, ())) for key in sorted(devices)}
         if admitted and record.cancelled_at is None:
             if device_only:
-                ids = sorted(devices)
-                change = dict(node.dra.fenced) != dict.fromkeys(ids, effect)
-                note = f"DeviceTaintRule {TAINT_KEY}:{effect} on {listed(ids)}: {summary}"
+                change = dict(node.dra.fenced) != effects
+                note = f"DeviceTaintRule {_fence_effects(effects)}: {summary}"
                 then = wanted
             else:
                 change, note = not node.tainted, f"taint {TAINT_KEY}:NoSchedule: {summary}"
@@ -215,7 +214,8 @@ def plan_node(
             # Until the taint step is done, a None rule: the API's own dry run of the device's eviction.
             enforced = admitted and not held and record.cancelled_at is None and modes["taint"] == "enforce"
             fences = {
-                key: replace(device, effect=effect if enforced else "None") for key, device in devices.items()
+                key: replace(device, effect=effects[key] if enforced else "None")
+                for key, device in devices.items()
             }
         last = record.last_action, record.last_action_at
         condition = _condition(assessment, record, summary, held)
@@ -429,6 +429,14 @@ def _held(node: NodeFacts, record: NodeRecord, assessment: Assessment, fleet: Fl
 
 def _cordoned_by_others(node: NodeFacts, record: NodeRecord) -> bool:
     return node.unschedulable and not record.cordoned and record.draining_since is None
+
+
+def _fence_effects(effects: Mapping[str, str]) -> str:
+    """`key:NoSchedule on a, b; key:NoExecute on c`: the devices fenced, by effect."""
+    by_effect: dict[str, list[str]] = {}
+    for device, effect in effects.items():
+        by_effect.setdefault(effect, []).append(device)
+    return "; ".join(f"{TAINT_KEY}:{effect} on {listed(ids)}" for effect, ids in by_effect.items())
 
 
 def _share(assessment: Assessment) -> str:

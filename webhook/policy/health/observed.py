@@ -1,5 +1,5 @@
 """What the controllers observe of nodes, pods and DRA devices: the fields the verdicts read, converted
-from the API objects (`node_facts`, `pod_facts`, `slice_facts`, `claim_facts`).
+from the API objects (`node_facts`, `pod_facts`, `slice_facts`, `claim_facts`, `budget_facts`).
 
 The converters take API dicts as served and never fail on one: a field of the wrong type reads as
 absent. A Node's own fields say nothing of its DRA devices; the controllers join those in from the
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from webhook.policy.health import holdings
+from webhook.policy.health.holdings import device_id
 from webhook.policy.health.records import (
     ACK_ANNOTATION,
     RECORD_ANNOTATION,
@@ -67,11 +68,6 @@ class DeviceCondition:
     status: str
     reason: str = ""
     message: str = ""
-
-
-def device_id(driver: str, pool: str, device: str) -> str:
-    """<driver>/<pool>/<device>: how allocation results, DeviceTaintRules and the kubelet name a device."""
-    return f"{driver}/{pool}/{device}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +127,17 @@ class ClaimFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceUser:
+    """A pod a DRA device's claims are reserved for, as the choice of who evicts it reads it."""
+
+    namespace: str
+    # A PodDisruptionBudget selects the pod; said too of a pod not seen yet (the safe side: the
+    # Eviction API consults its budget, the device-taint-eviction controller would not).
+    budgeted: bool
+    namespace_labels: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeDevices:
     """The DRA devices a node publishes now: those of the newest generation of each of its pools."""
 
@@ -142,6 +149,8 @@ class NodeDevices:
     # The API server serves DeviceTaintRules (resource.k8s.io/v1 from 1.37): without them a failed
     # device cannot be fenced alone, and its node is tainted instead.
     fencing: bool = True
+    # device id -> the pods using it (joined in from the claims, the pods and their budgets).
+    users: Mapping[str, tuple[DeviceUser, ...]] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -232,8 +241,8 @@ def node_devices(slices: Iterable[SliceFacts], claims: Iterable[ClaimFacts] = ()
         pools.setdefault((piece.driver, piece.pool), []).append(piece)
     conditions: dict[str, tuple[DeviceCondition, ...]] = {}
     for claim in claims:
-        for device_id, found in claim.conditions.items():
-            conditions[device_id] = conditions.get(device_id, ()) + found
+        for key, found in claim.conditions.items():
+            conditions[key] = conditions.get(key, ()) + found
     devices: list[DraDevice] = []
     updating: set[str] = set()
     for (driver, _), pieces in sorted(pools.items()):
@@ -251,6 +260,57 @@ def node_devices(slices: Iterable[SliceFacts], claims: Iterable[ClaimFacts] = ()
 
 
 # --- nodes and pods ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetFacts:
+    """A PodDisruptionBudget (policy/v1): which pods of its namespace its selector picks."""
+
+    namespace: str
+    name: str
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    # (key, operator, values) of matchExpressions: In, NotIn, Exists, DoesNotExist.
+    expressions: tuple[tuple[str, str, frozenset[str]], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.match_labels.items()) and all(
+            _requirement_holds(labels, key, operator, values) for key, operator, values in self.expressions
+        )
+
+
+def _requirement_holds(labels: Mapping[str, str], key: str, operator: str, values: frozenset[str]) -> bool:
+    if operator == "Exists":
+        return key in labels
+    if operator == "DoesNotExist":
+        return key not in labels
+    if operator == "In":
+        return labels.get(key) in values
+    if operator == "NotIn":
+        return labels.get(key) not in values
+    return False  # an operator the API server would not have accepted
+
+
+def budget_facts(raw: Mapping[str, Any]) -> BudgetFacts | None:
+    """A PodDisruptionBudget's selector; None for one that selects nothing (a null selector). In
+    policy/v1 an empty selector selects every pod of the namespace."""
+    metadata, spec = as_mapping(raw.get("metadata")), as_mapping(raw.get("spec"))
+    namespace, name, selector = metadata.get("namespace"), metadata.get("name"), spec.get("selector")
+    if not isinstance(namespace, str) or not isinstance(name, str) or not isinstance(selector, Mapping):
+        return None
+    expressions = tuple(
+        (
+            str(requirement.get("key", "")),
+            str(requirement.get("operator", "")),
+            frozenset(str(value) for value in requirement.get("values") or ()),
+        )
+        for requirement in map(as_mapping, selector.get("matchExpressions") or ())
+    )
+    match_labels = {str(k): str(v) for k, v in as_mapping(selector.get("matchLabels")).items()}
+    return BudgetFacts(namespace, name, match_labels, expressions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +370,8 @@ class PodFacts:
     mirror: bool = False
     # Extended resources the containers ask for, and claim:<name> for each resource claim they use.
     requests: tuple[str, ...] = ()
-    # Kept for DaemonSet pods only (to find the device plugin): other pods need no labels here.
+    # Kept for DaemonSet pods (to find the device plugin) and pods using resource claims (to find the
+    # PodDisruptionBudgets selecting them): other pods need no labels here.
     labels: Mapping[str, str] = field(default_factory=dict)
     ready: bool = False
     # The latest container start: a restarted device plugin registers its devices again.
@@ -445,7 +506,8 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
         if condition.get("type") == holdings.CONDITION_TYPE and condition.get("status") == "False":
             lost = holdings.lost_devices(str(condition.get("message", "")))
             devices.extend(DeviceHealth(d.container, d.resource, d.device, "Unhealthy") for d in lost)
-    labels = as_mapping(metadata.get("labels")) if owner_kind == "DaemonSet" else {}
+    claims = any(request.startswith(CLAIM_PREFIX) for request in requests)
+    labels = as_mapping(metadata.get("labels")) if owner_kind == "DaemonSet" or claims else {}
     return PodFacts(
         namespace=namespace,
         name=name,
