@@ -42,8 +42,9 @@ class Request:
 class FakeApiServer:
     objects: dict[str, JSON] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
-    # path → statuses the next requests to it get instead of an answer, first first.
-    refusals: dict[str, list[int]] = field(default_factory=dict)
+    # (method, path) → statuses the next such requests get instead of an answer, first first; the
+    # method "" stands for any.
+    refusals: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     unreachable: bool = False
     _versions: Iterator[int] = field(default_factory=lambda: itertools.count(100))
 
@@ -60,8 +61,9 @@ class FakeApiServer:
         self.objects[path] = stored
         return stored
 
-    def refuse(self, path: str, *statuses: int) -> None:
-        self.refusals.setdefault(path, []).extend(statuses)
+    def refuse(self, path: str, *statuses: int, method: str = "") -> None:
+        """The next requests to `path` (of `method`, or any) are answered with `statuses`, one each."""
+        self.refusals.setdefault((method, path), []).extend(statuses)
 
     def sent(self, method: str) -> list[Request]:
         return [request for request in self.requests if request.method == method]
@@ -70,7 +72,7 @@ class FakeApiServer:
 
     def answer(self, request: Request) -> tuple[int, Any]:
         self.requests.append(request)
-        pending = self.refusals.get(request.path)
+        pending = self.refusals.get((request.method, request.path)) or self.refusals.get(("", request.path))
         if pending:
             return _status(pending.pop(0), "refused by the test")
         if request.method == "GET":
