@@ -89,18 +89,19 @@ class FakeApiServer:
             return self._replace(request)
         if request.method == "PATCH":
             return self._patch(request)
-        if request.method == "DELETE" and request.path in self.objects:
-            return 200, self.objects.pop(request.path)
+        if request.method == "DELETE":
+            return self._delete(request)
         return _status(404, "not found")
 
     def _members(self, request: Request) -> list[JSON]:
-        prefix = request.path.rstrip("/") + "/"
-        members = [
-            obj for path, obj in sorted(self.objects.items()) if path.rpartition("/")[0] + "/" == prefix
-        ]
+        """The collection's objects; a namespaced resource listed without a namespace, in all of them."""
+        members = [obj for path, obj in sorted(self.objects.items()) if _in_collection(path, request.path)]
         selector = request.query.get("fieldSelector", "")
         if selector.startswith("metadata.name="):
             members = [obj for obj in members if obj["metadata"].get("name") == selector.split("=", 1)[1]]
+        for requirement in filter(None, request.query.get("labelSelector", "").split(",")):
+            key, _, value = requirement.partition("=")
+            members = [obj for obj in members if (obj["metadata"].get("labels") or {}).get(key) == value]
         return members
 
     def _list(self, request: Request) -> tuple[int, Any]:
@@ -142,6 +143,15 @@ class FakeApiServer:
             return _status(409, "the object has been modified")
         return 200, self.put(request.path, request.body)
 
+    def _delete(self, request: Request) -> tuple[int, Any]:
+        current = self.objects.get(request.path)
+        if current is None:
+            return _status(404, "not found")
+        wanted = ((request.body or {}).get("preconditions") or {}).get("resourceVersion")
+        if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+            return _status(409, "precondition failed")
+        return 200, self.objects.pop(request.path)
+
     def _patch(self, request: Request) -> tuple[int, Any]:
         current = self.objects.get(request.path)
         if current is None:
@@ -151,6 +161,16 @@ class FakeApiServer:
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
             return _status(422, str(exc))
         return 200, self.put(request.path, patched)
+
+
+def _in_collection(path: str, collection: str) -> bool:
+    parent = path.rpartition("/")[0]
+    if parent == collection:
+        return True
+    # /api/v1/pods holds /api/v1/namespaces/<any>/pods/<name>.
+    base, _, resource = collection.rpartition("/")
+    namespaces, _, rest = parent.partition(base + "/namespaces/")
+    return not namespaces and rest.count("/") == 1 and rest.endswith("/" + resource)
 
 
 def _is_collection(path: str) -> bool:
