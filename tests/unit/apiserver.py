@@ -1,11 +1,14 @@
-"""An in-process stand-in for the API server, for the unit tests of webhook/kube's clients.
+"""An in-process stand-in for the API server, for the unit tests of what talks to it through the client.
 
 It sits at the Kubernetes client's lowest seam, urllib3's pool manager: everything above it is the real
 client (the generated calls, parameter serialisation, RESTResponse, ApiException from a status), and
-no socket is opened. It keeps objects by their path and answers as the API server does for what those
-clients use: get, list (pages, a field selector on the name), a streamed list through watch, create,
-replace at a resourceVersion (409 on a stale one), JSON Patch with its `test` operations, delete.
-Tests read `requests` to see what was sent, and `refuse` makes the next request to a path fail.
+no socket is opened. It keeps objects by their path and answers as the API server does for what
+gpuguard's clients use: get; list (pages, a namespaced resource across namespaces, field selector on
+the name, label selector by equality); a streamed list through watch, and a watch from a version held
+open with nothing happening until `close`; create; replace at a resourceVersion (409 on a stale one);
+JSON Patch with its `test` operations; delete with a resourceVersion precondition. Tests read
+`requests` to see what was sent (`wait_for` one sent from another thread), and `refuse` makes the next
+requests to a path fail.
 
 The real API server's behaviour is tests/e2e's business; this answers only as far as the tests here ask.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import copy
 import io
 import itertools
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +50,11 @@ class FakeApiServer:
     # method "" stands for any.
     refusals: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     unreachable: bool = False
+    # Set by `close`: the watches held open until then end, as when the server goes away.
+    closed: threading.Event = field(default_factory=threading.Event)
     _versions: Iterator[int] = field(default_factory=lambda: itertools.count(100))
+    # Held while answering or storing (informers ask from their own threads); notified on each request.
+    _lock: threading.Condition = field(default_factory=threading.Condition)
 
     def api_client(self) -> ApiClient:
         configuration = Configuration(host=HOST)
@@ -57,41 +65,66 @@ class FakeApiServer:
     def put(self, path: str, obj: JSON) -> JSON:
         """Stores `obj` at `path` as if created by someone else; returns it with its resourceVersion."""
         stored = copy.deepcopy(obj)
-        stored.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
-        self.objects[path] = stored
+        with self._lock:
+            stored.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
+            self.objects[path] = stored
         return stored
 
     def refuse(self, path: str, *statuses: int, method: str = "") -> None:
         """The next requests to `path` (of `method`, or any) are answered with `statuses`, one each."""
-        self.refusals.setdefault((method, path), []).extend(statuses)
+        with self._lock:
+            self.refusals.setdefault((method, path), []).extend(statuses)
+
+    def close(self) -> None:
+        self.closed.set()
 
     def sent(self, method: str) -> list[Request]:
-        return [request for request in self.requests if request.method == method]
+        with self._lock:
+            return [request for request in self.requests if request.method == method]
+
+    def wait_for(self, method: str, path: str, *, timeout: float = 10.0) -> Request:
+        """The first `method` request to `path`, waiting for it to arrive from another thread."""
+
+        def arrived() -> Request | None:
+            return next((r for r in self.requests if (r.method, r.path) == (method, path)), None)
+
+        with self._lock:
+            request = self._lock.wait_for(arrived, timeout)
+        assert request is not None, f"no {method} {path} within {timeout} s"
+        return request
 
     # --- answering ----------------------------------------------------------------------------------
 
-    def answer(self, request: Request) -> tuple[int, Any]:
-        self.requests.append(request)
-        pending = self.refusals.get((request.method, request.path)) or self.refusals.get(("", request.path))
-        if pending:
-            return _status(pending.pop(0), "refused by the test")
-        if request.method == "GET":
-            if request.path in self.objects:
-                return 200, self.objects[request.path]
-            if not _is_collection(request.path):
-                return _status(404, "not found")
-            if request.query.get("watch") == "true":
+    def answer(self, request: Request) -> tuple[int, Any] | threading.Event:
+        """The status and body of the answer, or, for a watch from a version, the event it is held
+        open until."""
+        with self._lock:
+            self.requests.append(request)
+            self._lock.notify_all()
+            pending = self.refusals.get((request.method, request.path)) or self.refusals.get(
+                ("", request.path)
+            )
+            if pending:
+                return _status(pending.pop(0), "refused by the test")
+            if request.method == "GET":
+                if request.path in self.objects:
+                    return 200, self.objects[request.path]
+                if not _is_collection(request.path):
+                    return _status(404, "not found")
+                if request.query.get("watch") != "true":
+                    return self._list(request)
+                if request.query.get("sendInitialEvents") != "true":
+                    return self.closed
                 return 200, self._streamed_list(request)
-            return self._list(request)
-        if request.method == "POST":
-            return self._create(request)
-        if request.method == "PUT":
-            return self._replace(request)
-        if request.method == "PATCH":
-            return self._patch(request)
-        if request.method == "DELETE":
-            return self._delete(request)
-        return _status(404, "not found")
+            if request.method == "POST":
+                return self._create(request)
+            if request.method == "PUT":
+                return self._replace(request)
+            if request.method == "PATCH":
+                return self._patch(request)
+            if request.method == "DELETE":
+                return self._delete(request)
+            return _status(405, "method not allowed")
 
     def _members(self, request: Request) -> list[JSON]:
         """The collection's objects; a namespaced resource listed without a namespace, in all of them."""
@@ -115,8 +148,6 @@ class FakeApiServer:
         return 200, {"kind": "List", "metadata": metadata, "items": page}
 
     def _streamed_list(self, request: Request) -> bytes:
-        if request.query.get("sendInitialEvents") != "true":
-            return b""  # a watch from a version: nothing happens, and the server ends it
         end = {
             "metadata": {
                 "resourceVersion": str(next(self._versions)),
@@ -143,15 +174,6 @@ class FakeApiServer:
             return _status(409, "the object has been modified")
         return 200, self.put(request.path, request.body)
 
-    def _delete(self, request: Request) -> tuple[int, Any]:
-        current = self.objects.get(request.path)
-        if current is None:
-            return _status(404, "not found")
-        wanted = ((request.body or {}).get("preconditions") or {}).get("resourceVersion")
-        if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
-            return _status(409, "precondition failed")
-        return 200, self.objects.pop(request.path)
-
     def _patch(self, request: Request) -> tuple[int, Any]:
         current = self.objects.get(request.path)
         if current is None:
@@ -161,6 +183,15 @@ class FakeApiServer:
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
             return _status(422, str(exc))
         return 200, self.put(request.path, patched)
+
+    def _delete(self, request: Request) -> tuple[int, Any]:
+        current = self.objects.get(request.path)
+        if current is None:
+            return _status(404, "not found")
+        wanted = ((request.body or {}).get("preconditions") or {}).get("resourceVersion")
+        if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+            return _status(409, "precondition failed")
+        return 200, self.objects.pop(request.path)
 
 
 def _in_collection(path: str, collection: str) -> bool:
@@ -191,8 +222,26 @@ class _Body(io.BytesIO):
         return self.tell() >= len(self.getbuffer())
 
 
+class _HeldBody(_Body):
+    """An open watch on which nothing happens: a read returns (nothing) only once `until` is set."""
+
+    def __init__(self, until: threading.Event) -> None:
+        super().__init__(b"")
+        self.until = until
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        self.until.wait()
+        return b""
+
+    def read1(self, size: int | None = -1, /) -> bytes:
+        return self.read(size)
+
+    def isclosed(self) -> bool:
+        return self.until.is_set()
+
+
 class _PoolManager(urllib3.PoolManager):
-    """Where the client's requests, encoded by urllib3 itself, reach the wire: answered from `server`."""
+    """Where the client's requests, encoded by urllib3 itself, would reach the wire: answered by `server`."""
 
     def __init__(self, server: FakeApiServer) -> None:
         super().__init__()
@@ -207,12 +256,15 @@ class _PoolManager(urllib3.PoolManager):
         parts = urlsplit(url)
         body = kw.get("body")
         decoded = orjson.loads(body) if body else None
-        status, answer = self.server.answer(
-            Request(method, parts.path, dict(parse_qsl(parts.query)), decoded)
-        )
-        payload = answer if isinstance(answer, bytes) else orjson.dumps(answer)
+        answer = self.server.answer(Request(method, parts.path, dict(parse_qsl(parts.query)), decoded))
+        payload: _Body
+        if isinstance(answer, threading.Event):
+            status, payload = 200, _HeldBody(answer)
+        else:
+            status, content = answer
+            payload = _Body(content if isinstance(content, bytes) else orjson.dumps(content))
         return urllib3.HTTPResponse(
-            body=_Body(payload),
+            body=payload,
             status=status,
             headers={"Content-Type": "application/json"},
             preload_content=False,

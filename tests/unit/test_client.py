@@ -199,6 +199,7 @@ def test_a_streamed_list_asks_for_the_initial_events_and_yields_them_to_the_end_
 
 
 def test_a_watch_resumes_from_the_version_it_is_given(server: FakeApiServer) -> None:
+    server.close()  # nothing happens on the watch until the server ends it
     with configmaps(server).watch("123", 30) as events:
         assert list(events) == []
     query = server.requests[0].query
