@@ -19,7 +19,7 @@ import copy
 import io
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -82,11 +82,19 @@ class FakeApiServer:
         with self._lock:
             return [request for request in self.requests if request.method == method]
 
-    def wait_for(self, method: str, path: str, *, timeout: float = 10.0) -> Request:
-        """The first `method` request to `path`, waiting for it to arrive from another thread."""
+    def wait_for(
+        self,
+        method: str,
+        path: str,
+        *,
+        where: Callable[[Request], bool] = lambda _: True,
+        timeout: float = 10.0,
+    ) -> Request:
+        """The first `method` request to `path` (that `where` accepts), waiting for it to arrive from
+        another thread."""
 
         def arrived() -> Request | None:
-            return next((r for r in self.requests if (r.method, r.path) == (method, path)), None)
+            return next((r for r in self.requests if (r.method, r.path) == (method, path) and where(r)), None)
 
         with self._lock:
             request = self._lock.wait_for(arrived, timeout)
