@@ -10,7 +10,6 @@ What the controllers decide is theirs to test (test_nodehealth.py, test_podhealt
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,19 +32,10 @@ WAIT = 10.0
 
 
 @pytest.fixture
-def stop() -> Iterator[threading.Event]:
-    stop = threading.Event()
-    yield stop
-    stop.set()
-
-
-@pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch, stop: threading.Event) -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    monkeypatch.setattr(controllers, "api_client", lambda kubeconfig=None: server.api_client())
-    yield server
-    stop.set()
-    server.close()
+def server(apiserver: FakeApiServer, monkeypatch: pytest.MonkeyPatch) -> FakeApiServer:
+    """The API server every client the manager makes talks to."""
+    monkeypatch.setattr(controllers, "api_client", lambda kubeconfig=None: apiserver.api_client())
+    return apiserver
 
 
 def manager(stop: threading.Event, **options: Any) -> controllers.ControllerManager:

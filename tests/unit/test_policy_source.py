@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,13 +31,6 @@ def configmap(data: dict[str, Any] | None, *, name: str = NAME, uid: str = "uid-
     if data is not None:
         obj["data"] = data
     return obj
-
-
-@pytest.fixture
-def stop() -> Iterator[threading.Event]:
-    stop = threading.Event()
-    yield stop
-    stop.set()
 
 
 class Watched:

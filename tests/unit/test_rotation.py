@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import datetime
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,13 +41,6 @@ SCHEDULE = tls.Schedule(rotation_delay=DELAY)
 
 
 @pytest.fixture
-def stop() -> Iterator[threading.Event]:
-    stop = threading.Event()
-    yield stop
-    stop.set()
-
-
-@pytest.fixture
 def server() -> FakeApiServer:
     server = FakeApiServer()
     for path, kind in (
@@ -69,6 +61,16 @@ def replica(server: FakeApiServer, cert_dir: Path, stop: threading.Event) -> Cer
     return CertificateManager(
         settings, SecretStore(api, NAMESPACE, NAME), WebhookConfigurations(api, "gpuguard"), stop=stop
     )
+
+
+def settled(
+    server: FakeApiServer, cert_dir: Path, stop: threading.Event, now: datetime.datetime
+) -> CertificateManager:
+    """A replica that created the Secret, then served it and made its CA trusted."""
+    manager = replica(server, cert_dir, stop)
+    manager.step(now)
+    manager.step(now)
+    return manager
 
 
 def stored(server: FakeApiServer) -> tls.Material:
@@ -117,9 +119,7 @@ def test_another_replica_serves_the_same_certificate_and_writes_nothing(
     server: FakeApiServer, tmp_path: Path, stop: threading.Event
 ) -> None:
     now = datetime.datetime.now(datetime.UTC)
-    first = replica(server, tmp_path / "a", stop)
-    first.step(now)  # creates the Secret
-    first.step(now)  # serves it, trusts its CA
+    settled(server, tmp_path / "a", stop, now)
     patches = len(server.sent("PATCH"))
     second = replica(server, tmp_path / "b", stop)
     second.step(now)
@@ -131,9 +131,7 @@ def test_a_new_ca_is_served_only_once_this_replica_saw_it_trusted_for_a_full_del
     server: FakeApiServer, tmp_path: Path, stop: threading.Event
 ) -> None:
     now = datetime.datetime.now(datetime.UTC)
-    first = replica(server, tmp_path / "a", stop)
-    first.step(now)  # creates the Secret
-    first.step(now)  # serves it, trusts its CA
+    settled(server, tmp_path / "a", stop, now)
     old_cert = stored(server).cert
     begin_rotation(SecretStore(server.api_client(), NAMESPACE, NAME), schedule=SCHEDULE)
     rotating = stored(server)
@@ -158,9 +156,7 @@ def test_a_bundle_patched_again_restarts_the_wait(
     server: FakeApiServer, tmp_path: Path, stop: threading.Event
 ) -> None:
     now = datetime.datetime.now(datetime.UTC)
-    manager = replica(server, tmp_path, stop)
-    manager.step(now)  # creates the Secret
-    manager.step(now)  # serves it, trusts its CA
+    manager = settled(server, tmp_path, stop, now)
     begin_rotation(SecretStore(server.api_client(), NAMESPACE, NAME), schedule=SCHEDULE)
     rotating = stored(server)
     manager.step(now)  # patches the new bundle in: trusted from now

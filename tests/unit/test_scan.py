@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from webhook.audit import scan
-from webhook.kube.client import metadata_of
+from webhook.kube.client import ApiClient, metadata_of
 from webhook.kube.listing import ClusterReader
 from webhook.kube.reports import MISSING_REPORT_API, OPENREPORTS, WGPOLICY, ReportWriter
 from webhook.policy.model import Policy
@@ -136,12 +136,18 @@ def test_each_namespace_with_findings_gets_one_report_and_the_cluster_one(
     assert scan.write_reports(ReportWriter(api, OPENREPORTS), again, now=NOW + 60) == {"unchanged": 3}
 
 
-def test_a_report_of_a_namespace_without_findings_any_more_is_deleted(
-    server: FakeApiServer, policy: Policy
-) -> None:
+def reported(server: FakeApiServer, policy: Policy) -> tuple[ApiClient, ReportWriter]:
+    """The cluster audited and its reports written once, as a first run leaves them."""
     api = server.api_client()
     writer = ReportWriter(api, OPENREPORTS)
     scan.write_reports(writer, scan.scan(ClusterReader(api), policy), now=NOW)
+    return api, writer
+
+
+def test_a_report_of_a_namespace_without_findings_any_more_is_deleted(
+    server: FakeApiServer, policy: Policy
+) -> None:
+    api, writer = reported(server, policy)
     del server.objects[path_of(gpu_job("research"))]
     outcomes = scan.write_reports(writer, scan.scan(ClusterReader(api), policy), now=NOW + 60)
     assert outcomes == {"unchanged": 2, "deleted": 1}
@@ -151,9 +157,7 @@ def test_a_report_of_a_namespace_without_findings_any_more_is_deleted(
 def test_a_namespace_audit_deletes_stale_reports_of_that_namespace_only(
     server: FakeApiServer, policy: Policy
 ) -> None:
-    api = server.api_client()
-    writer = ReportWriter(api, OPENREPORTS)
-    scan.write_reports(writer, scan.scan(ClusterReader(api), policy), now=NOW)
+    api, writer = reported(server, policy)
     del server.objects[path_of(gpu_deployment("ml"))]
     audit = scan.scan(ClusterReader(api), policy, namespace="ml")
     assert scan.write_reports(writer, audit, now=NOW + 60, namespace="ml") == {"deleted": 1}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +30,10 @@ PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
 
 
 @pytest.fixture
-def stop() -> Iterator[threading.Event]:
-    stop = threading.Event()
-    yield stop
-    stop.set()
-
-
-@pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch, stop: threading.Event) -> Iterator[FakeApiServer]:
+def server(apiserver: FakeApiServer, monkeypatch: pytest.MonkeyPatch) -> FakeApiServer:
     """The API server every client `build` makes talks to."""
-    server = FakeApiServer()
-    monkeypatch.setattr(kube_client, "api_client", lambda kubeconfig=None: server.api_client())
-    yield server
-    stop.set()
-    server.close()  # the informers' watches end, and with `stop` set their threads do too
+    monkeypatch.setattr(kube_client, "api_client", lambda kubeconfig=None: apiserver.api_client())
+    return apiserver
 
 
 def options(tmp_path: Path, **changes: Any) -> serve.Options:
