@@ -62,7 +62,8 @@ from webhook.kube.informer import Informer, ListPage, listed_events
 from webhook.kube.queue import WorkQueue
 from webhook.kube.remediation import ConflictError, EvictionOutcome, NotFoundError, StoredState
 from webhook.policy.health import holdings, ladder, observed, records
-from webhook.policy.model import Policy, parse_policy, scaled_count
+from webhook.policy.model import Policy, parse_policy
+from webhook.policy.model_health import scaled_count
 from webhook.runtime.metrics import Registry
 
 JSON = dict[str, Any]

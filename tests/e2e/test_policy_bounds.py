@@ -25,7 +25,7 @@ from webhook_harness import (
     submit,
 )
 
-from webhook.policy.model import MAX_SECONDS
+from webhook.policy.model_types import MAX_SECONDS
 
 BASELINE = "rules:\n  readinessTolerations:\n    servingSeconds: 700\n"
 

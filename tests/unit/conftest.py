@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ from hypothesis import settings
 
 from webhook.policy.model import Policy, default_policy
 
+from .apiserver import FakeApiServer
 from .builders import CliRun, Gpuguard, run_gpuguard
 
 # Property tests assert behaviour, not speed: on a loaded machine one example can take longer than
@@ -31,3 +34,21 @@ def gpuguard(tmp_path: Path) -> Gpuguard:
         return run_gpuguard(*args, cwd=tmp_path, stdin=stdin)
 
     return run
+
+
+@pytest.fixture
+def stop() -> Iterator[threading.Event]:
+    """The stop event of what a test starts (informers, Event senders): set when the test ends."""
+    stop = threading.Event()
+    yield stop
+    stop.set()
+
+
+@pytest.fixture
+def apiserver(stop: threading.Event) -> Iterator[FakeApiServer]:
+    """An in-process API server (apiserver.py); when the test ends, the watches it holds open end, and
+    with `stop` set the threads that held them do too."""
+    server = FakeApiServer()
+    yield server
+    stop.set()
+    server.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import queue
 import re
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,13 +33,6 @@ class Sink:
         if body["reason"] in self.refuse:
             raise RuntimeError("(422)\nReason: Unprocessable Entity\nHTTP response headers: ...")
         self.sent.put((namespace, body))
-
-
-@pytest.fixture
-def stop() -> Iterator[threading.Event]:
-    stop = threading.Event()
-    yield stop
-    stop.set()
 
 
 def test_an_event_body_is_what_the_events_api_accepts(stop: threading.Event) -> None:

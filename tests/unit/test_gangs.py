@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.policy import engine
+from webhook.policy import engine, gangs
 from webhook.policy.kinds import BUILTIN_KINDS, parse_path
 from webhook.policy.model import PolicyError, default_policy
 from webhook.policy.workload import locate_all
@@ -372,3 +372,38 @@ def test_a_cpu_ray_head_is_left_as_it_is() -> None:
     assert (
         GPU in out["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
     )
+
+
+# --- the user's own JobSet rules ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"name": "deadlines", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
+        {"name": "oom", "action": "FailJobSet", "onJobFailureMessagePatterns": ["OOMKilled"]},
+        {"name": "loaderOnly", "action": "FailJobSet", "targetReplicatedJobs": ["loader"]},
+    ],
+    ids=["other-reason", "own-message", "other-job"],
+)
+def test_a_users_rule_that_cannot_catch_a_device_failure_first_is_not_named(rule: JSON) -> None:
+    result = mutate(jobset(replicated(template={}), failure_policy={"rules": [rule]}))
+    assert [r["name"] for r in jobset_rules(result.obj)] == [rule["name"], gangs.RESTART_RULE]
+    assert not [d.message for d in result.decisions if d.outcome == "notice"]
+
+
+@pytest.mark.parametrize(
+    ("rule", "named"),
+    [
+        ({"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}, "(unnamed)"),
+        ({"name": "workersFail", "action": "FailJobSet", "targetReplicatedJobs": ["workers"]}, "workersFail"),
+    ],
+    ids=["by-reason-unnamed", "by-target"],
+)
+def test_a_users_rule_that_catches_a_device_failure_first_is_named(rule: JSON, named: str) -> None:
+    result = mutate(jobset(replicated(template={}), failure_policy={"rules": [rule]}))
+    notices = [d.message for d in result.decisions if d.outcome == "notice"]
+    assert notices == [
+        f"failurePolicy rule {named} comes first and matches device failures of workers: gpuguard's "
+        "restart rule after it never applies"
+    ]

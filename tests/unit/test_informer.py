@@ -124,13 +124,6 @@ class Readers:
 
 
 @pytest.fixture
-def stop() -> Iterator[threading.Event]:
-    stop = threading.Event()
-    yield stop
-    stop.set()
-
-
-@pytest.fixture
 def source(stop: threading.Event) -> ScriptedSource:
     return ScriptedSource(stop)
 

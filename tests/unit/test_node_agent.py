@@ -16,6 +16,7 @@ from webhook.kube.events import EventRecorder
 from webhook.kube.remediation import ConflictError
 from webhook.policy.health import holdings, observed
 from webhook.policy.health.holdings import ClaimHolding, Condition, Holding, PodView
+from webhook.processes import node_agent
 from webhook.runtime.metrics import Registry
 
 # --- protobuf, written out field by field as the kubelet sends it ------------------------------------
@@ -564,3 +565,31 @@ def test_the_transition_time_moves_only_with_the_status() -> None:
     ]
     assert ["lastTransitionTime" in c for c in written] == [True, False, True]
     assert all("lastProbeTime" in c for c in written)
+
+
+# --- the process's pods informer (processes/node_agent.py) ---------------------------------------------
+
+
+def test_the_pods_informer_keeps_each_pod_by_namespace_and_name_with_the_agents_condition() -> None:
+    raw = {
+        "metadata": {"name": "train-0", "namespace": "ml", "uid": "u-1", "resourceVersion": "7"},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": holdings.CONDITION_TYPE, "status": "False", "reason": "DeviceLost", "message": "m"},
+            ]
+        },
+    }
+    assert node_agent._pod(raw) == (
+        "ml/train-0",
+        PodView("ml", "train-0", "u-1", "7", Condition("False", "DeviceLost", "m")),
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [{"metadata": {"name": "no-namespace"}}, {"metadata": "x"}, {}],
+    ids=["no-namespace", "bad-metadata", "empty"],
+)
+def test_the_pods_informer_leaves_out_what_is_not_a_pod_it_can_write(raw: dict[str, Any]) -> None:
+    assert node_agent._pod(raw) is None

@@ -7,14 +7,8 @@ import pytest
 
 from webhook.policy import engine
 from webhook.policy.loader import MAX_DEPTH, MAX_TEXT_BYTES, MAX_VALUES
-from webhook.policy.model import (
-    MAX_NAMESPACE_NAMES,
-    MAX_PATTERNS,
-    MAX_SECONDS,
-    PolicyError,
-    default_policy,
-    parse_policy,
-)
+from webhook.policy.model import MAX_NAMESPACE_NAMES, PolicyError, default_policy, parse_policy
+from webhook.policy.model_types import MAX_PATTERNS, MAX_SECONDS
 
 from .builders import defaulted_gpu_pod
 

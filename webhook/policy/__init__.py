@@ -4,7 +4,9 @@ docs/design/2026-12-02-pure-core.md.
 
 The policy:
 
-    model.py         the policy: a frozen pydantic model
+    model.py         the policy: a frozen pydantic model, and parsing it (the schema's entry point)
+    model_types.py   what every section of the model is built from: the strict base, bounded fields, selectors
+    model_health.py  the model's health: section, what the controllers watch and may do
     loader.py        policy YAML as gpuguard reads it (YAML 1.2 booleans, bounded)
     merge.py         a policy's text merged over the embedded default
     errors.py        the wording a user reads when a policy is refused

@@ -7,6 +7,9 @@ combinations the API server would reject later (exit code 0 under `In`, a preSto
 period) or that defeat each other (an injected class the guard then denies) are refused. Whatever a
 request needs from the policy (the compiled patterns, the namespace index) is built here too, on the
 thread that loads it, never on a request.
+
+The health: section is in model_health.py; the pieces both build on (the strict base model, the
+mode, bounded seconds, names and label selectors) are in model_types.py.
 """
 
 from __future__ import annotations
@@ -21,23 +24,29 @@ from importlib import resources
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 from webhook.policy import hostpaths, images, kinds
-from webhook.policy.errors import DNS_LABEL, DNS_SUBDOMAIN, describe_errors, yaml_problem
+from webhook.policy.errors import DNS_SUBDOMAIN, describe_errors, yaml_problem
 from webhook.policy.loader import PolicyTextError, load_policy_yaml
 from webhook.policy.merge import over_default
+from webhook.policy.model_health import DraEvict, Health, HealthAction, HealthActionMode
+from webhook.policy.model_types import (
+    MAX_PATTERNS,
+    MAX_SECONDS,
+    LabelKey,
+    ModeField,
+    NamespaceName,
+    Seconds,
+    StrictModel,
+    WaitSeconds,
+)
 
-Mode = Literal["enforce", "warn", "audit", "off"]
+# Callers read a policy in these words (a rule's Mode, a namespace override's LabelSelector): they are
+# the schema's, wherever they are defined.
+from webhook.policy.model_types import LabelSelector as LabelSelector
+from webhook.policy.model_types import Mode as Mode
+
 RuleId = Literal[
     "readinessTolerations",
     "podFailurePolicy",
@@ -61,19 +70,10 @@ VALIDATING_RULES: tuple[RuleId, ...] = (
     "driverCompatibility",
 )
 RULE_IDS: tuple[RuleId, ...] = (*MUTATING_RULES, "acceleratorNodeGuard", "trustedDeviceSoftware")
-# What the controllers may do to a node or a pod, each with its own mode (`health.actions`).
-HealthAction = Literal["condition", "taint", "evict", "drain"]
-HEALTH_ACTIONS: tuple[HealthAction, ...] = ("condition", "taint", "evict", "drain")
 SYSTEM_PRIORITY_PREFIX = "system-"
 HIGHEST_USER_PRIORITY = 1_000_000_000
 LOWEST_PRIORITY = -(2**31)  # PriorityClass.value is an int32
-# Seconds end up in tolerationSeconds, terminationGracePeriodSeconds and a preStop sleep: int64 fields
-# that Kubernetes turns into a Go time.Duration (int64 nanoseconds). More than this overflows there
-# (a toleration would then evict at once), and past 2**63 the API server cannot even decode the patch.
-MAX_SECONDS = (2**63 - 1) // 10**9  # about 292 years
-# Bounds on the lists a request walks or the load compiles: far above any real policy, far below what
-# would stall a load (hundreds of thousands of patterns take a minute to compile).
-MAX_PATTERNS = 256
+# Bounds on the policy's own lists, on MAX_PATTERNS' grounds: far above any real policy.
 MAX_NAMESPACE_ENTRIES = 1_000
 MAX_NAMESPACE_NAMES = 10_000
 MAX_PRIORITY_CLASSES = 1_000
@@ -81,62 +81,14 @@ MAX_WORKLOAD_KINDS = 100
 # The key of the policy ConfigMap that holds the policy YAML.
 CONFIGMAP_KEY = "policy.yaml"
 MAX_REMEMBERED_NAMES = 1024
-# The most past remediations a node's record keeps (health.recovery.escalation.remediations).
-MAX_REMEMBERED_REMEDIATIONS = 100
 
 
-def _no_boolean_mode(value: object) -> object:
-    # A mode is a word. Policy YAML has only `true` and `false` as booleans (webhook.policy.loader), so a
-    # bare `off` already arrives as "off"; a boolean here was written as one, and its meaning is a guess.
-    if isinstance(value, bool):
-        raise ValueError(f"a mode is one of enforce, warn, audit, off, not the boolean {str(value).lower()}")
-    return value
-
-
-ModeField = Annotated[Mode, BeforeValidator(_no_boolean_mode)]
-Seconds = Annotated[int, Field(ge=1, le=MAX_SECONDS)]
 Pattern = Annotated[str, Field(min_length=1, max_length=512)]
 Patterns = Annotated[list[Pattern], Field(max_length=MAX_PATTERNS)]
 ClassName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN)]
-NamespaceName = Annotated[str, Field(max_length=63, pattern=DNS_LABEL)]
 ExitCode = Annotated[int, Field(ge=1, le=255)]
 # The API server wants exit codes sorted and unique; normalising here lets users write them in any order.
 ExitCodes = Annotated[list[ExitCode], AfterValidator(lambda codes: sorted(set(codes)))]
-# Bounds of the health: section, far above any real fleet (Kubernetes supports 5,000 nodes a cluster).
-MAX_NODES = 1_000_000
-MAX_RATE_PER_MINUTE = 100_000
-# A number of nodes, or a share of them written "20%" (rounded up, as Karpenter and NHC round).
-CountOrPercent = (
-    Annotated[int, Field(ge=0, le=MAX_NODES)] | Annotated[str, Field(pattern=r"^(100|[1-9]?[0-9])%$")]
-)
-# A wait the controllers time from their own observation; 0 acts on the first sight (benchmarks, tests).
-WaitSeconds = Annotated[int, Field(ge=0, le=MAX_SECONDS)]
-
-
-def _condition_status(value: object) -> object:
-    # YAML 1.2 still reads an unquoted `status: False` as a boolean. Unlike a mode, its meaning is no
-    # guess: a condition's status is the word for that boolean, so True and False are taken as written.
-    return str(value) if isinstance(value, bool) else value
-
-
-def scaled_count(value: int | str, total: int) -> int:
-    """`value` as a number of nodes out of `total`: a count as is, a percentage rounded up."""
-    if isinstance(value, int):
-        return value
-    return -(-total * int(value.rstrip("%")) // 100)
-
-
-# A label or annotation key: an optional DNS-subdomain prefix and a name (metav1 validation's qualified name).
-_QUALIFIED_NAME = re.compile(
-    r"(?:(?=[^/]{1,253}/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
-    r"(?=[^/]{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
-)
-
-
-def _qualified_name(key: str) -> str:
-    if not _QUALIFIED_NAME.fullmatch(key):
-        raise ValueError(f"{key!r} is not a valid label or annotation key")
-    return key
 
 
 def _host_path_pattern(pattern: str) -> str:
@@ -154,7 +106,6 @@ def _image_pattern(pattern: str) -> str:
     return pattern
 
 
-LabelKey = Annotated[str, AfterValidator(_qualified_name)]
 HostPathPattern = Annotated[str, AfterValidator(_host_path_pattern)]
 ImagePrefix = Annotated[str, AfterValidator(images.normalise_prefix)]
 ImagePattern = Annotated[str, AfterValidator(_image_pattern)]
@@ -162,11 +113,6 @@ ImagePattern = Annotated[str, AfterValidator(_image_pattern)]
 
 class PolicyError(ValueError):
     """A policy that cannot be used; the message names the field."""
-
-
-class _Model(BaseModel):
-    # strict: no coercion, so `true` is not 1, "3600" is not a number and "no" is not a boolean.
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class _Verdicts(dict[str, bool]):
@@ -185,7 +131,7 @@ class _Verdicts(dict[str, bool]):
         return verdict
 
 
-class Accelerators(_Model):
+class Accelerators(StrictModel):
     resources: Patterns
     resourceClaims: bool
     deviceClasses: Patterns
@@ -221,7 +167,7 @@ class Accelerators(_Model):
         return self._dra_driver_pattern.match(name) is not None
 
 
-class _Rule(_Model):
+class _Rule(StrictModel):
     mode: ModeField | None = None
 
 
@@ -235,7 +181,7 @@ class ReadinessTolerations(_Rule):
 GangChoice = Literal["auto", "always", "never"]
 
 
-class Gangs(_Model):
+class Gangs(StrictModel):
     # auto: a JobSet running more than one pod in all is a gang.
     jobSets: GangChoice
     # auto: an Indexed Job whose parallelism (> 1) equals its completions, every member at once.
@@ -260,7 +206,7 @@ class PodFailurePolicyRule(_Rule):
         return self
 
 
-class PreStop(_Model):
+class PreStop(StrictModel):
     action: Literal["sleep", "exec"]
     seconds: Seconds
     command: list[str] = Field(max_length=MAX_PATTERNS)
@@ -326,7 +272,7 @@ class TrustedDeviceSoftware(_Rule):
         ]
 
 
-class DriverNodeLabels(_Model):
+class DriverNodeLabels(StrictModel):
     driverMajor: LabelKey
     driverVersion: LabelKey
     cudaVersion: LabelKey
@@ -334,12 +280,12 @@ class DriverNodeLabels(_Model):
     pools: list[LabelKey] = Field(max_length=MAX_PATTERNS)
 
 
-class ImageDriverRequirement(_Model):
+class ImageDriverRequirement(StrictModel):
     image: ImagePattern
     minDriverMajor: int = Field(ge=1, le=99_999)
 
 
-class MultiNode(_Model):
+class MultiNode(StrictModel):
     sameDriverVersion: bool
     minParallelism: int = Field(ge=2, le=2**31 - 1)  # Job.spec.parallelism is an int32
     completionModes: list[Literal["Indexed", "NonIndexed"]] = Field(min_length=1)
@@ -355,7 +301,7 @@ class DriverCompatibility(_Rule):
 TemplatePath = Annotated[str, Field(min_length=1, max_length=256)]
 
 
-class CustomWorkloadKind(_Model):
+class CustomWorkloadKind(StrictModel):
     """A kind gpuguard does not know, with where its pod templates are (kinds.parse_path's syntax)."""
 
     group: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
@@ -381,7 +327,7 @@ class CustomWorkloadKind(_Model):
         )
 
 
-class Rules(_Model):
+class Rules(StrictModel):
     readinessTolerations: ReadinessTolerations
     podFailurePolicy: PodFailurePolicyRule
     gracefulTermination: GracefulTermination
@@ -391,44 +337,7 @@ class Rules(_Model):
     trustedDeviceSoftware: TrustedDeviceSoftware
 
 
-class SelectorRequirement(_Model):
-    key: str = Field(min_length=1, max_length=316)
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list, max_length=MAX_PATTERNS)
-
-    @model_validator(mode="after")
-    def _values_match_operator(self) -> SelectorRequirement:
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"values are required with operator {self.operator}")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"values must be empty with operator {self.operator}")
-        return self
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "Exists":
-            return self.key in labels
-        if self.operator == "DoesNotExist":
-            return self.key not in labels
-        present = self.key in labels and labels[self.key] in self.values
-        return present if self.operator == "In" else not present
-
-
-class LabelSelector(_Model):
-    """A Kubernetes label selector (matchLabels and matchExpressions, all must hold)."""
-
-    matchLabels: dict[str, str] = Field(default_factory=dict, max_length=MAX_PATTERNS)
-    matchExpressions: list[SelectorRequirement] = Field(default_factory=list, max_length=MAX_PATTERNS)
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(key) == value for key, value in self.matchLabels.items()) and all(
-            requirement.matches(labels) for requirement in self.matchExpressions
-        )
-
-
-DraEvict = Literal["auto", "evictionAPI", "deviceTaint"]
-
-
-class NamespaceOverride(_Model):
+class NamespaceOverride(StrictModel):
     """Namespaces chosen by name, or by a label selector on the Namespace (needs cluster access).
 
     `mode` and `rules` are the admission rules' modes there; `health` is the mode of what the
@@ -451,171 +360,7 @@ class NamespaceOverride(_Model):
         return self
 
 
-# --- health: what the controllers watch and may do -------------------------------------------------
-
-
-class HealthActionMode(_Model):
-    mode: ModeField | None = None
-
-
-class DrainAction(HealthActionMode):
-    # Share of a node's accelerator devices (percent) that must have failed before it is drained.
-    threshold: int = Field(ge=1, le=100)
-
-
-class HealthActions(_Model):
-    condition: HealthActionMode
-    taint: HealthActionMode
-    evict: HealthActionMode
-    drain: DrainAction
-
-
-class DeviceGapSignal(_Model):
-    forSeconds: WaitSeconds
-
-
-class DevicePluginSignal(_Model):
-    # The device plugin's pods: any selector matching (in `namespaces`, or anywhere when empty).
-    selectors: list[LabelSelector] = Field(max_length=MAX_PATTERNS)
-    namespaces: list[NamespaceName] = Field(max_length=MAX_PATTERNS)
-    notReadyForSeconds: WaitSeconds
-    # After the plugin (re)starts, allocatable 0 means it has not registered yet, not dead devices.
-    restartGraceSeconds: WaitSeconds
-    capacityVanishedForSeconds: WaitSeconds
-
-    def matches(self, namespace: str, labels: Mapping[str, str]) -> bool:
-        if self.namespaces and namespace not in self.namespaces:
-            return False
-        return any(selector.matches(labels) for selector in self.selectors)
-
-
-class ConditionSignal(_Model):
-    type: str = Field(min_length=1, max_length=316)
-    status: Annotated[Literal["True", "False", "Unknown"], BeforeValidator(_condition_status)]
-    forSeconds: WaitSeconds
-
-
-class DeviceTaintSignal(_Model):
-    # Taint keys (of effect NoSchedule or NoExecute) that fail a device; empty: any key.
-    keys: list[LabelKey] = Field(max_length=MAX_PATTERNS)
-    forSeconds: WaitSeconds
-
-    def fails(self, key: str, effect: str) -> bool:
-        return effect in ("NoSchedule", "NoExecute") and (not self.keys or key in self.keys)
-
-
-class PodDeviceHealthSignal(_Model):
-    # None: Unknown never counts. Most DRA drivers stream no health, and the kubelet says Unknown then.
-    unknownForSeconds: WaitSeconds | None
-
-
-class CorrelationSignal(_Model):
-    windowSeconds: Seconds
-    minFailures: int = Field(ge=1, le=MAX_RATE_PER_MINUTE)
-
-
-class HealthSignals(_Model):
-    deviceGap: DeviceGapSignal
-    devicePlugin: DevicePluginSignal
-    nodeConditions: list[ConditionSignal] = Field(max_length=MAX_PATTERNS)
-    deviceTaints: DeviceTaintSignal
-    claimDeviceConditions: list[ConditionSignal] = Field(max_length=MAX_PATTERNS)
-    podDeviceHealth: PodDeviceHealthSignal
-    correlation: CorrelationSignal
-
-    @model_validator(mode="after")
-    def _condition_types_unique(self) -> HealthSignals:
-        for name, conditions in (
-            ("nodeConditions", self.nodeConditions),
-            ("claimDeviceConditions", self.claimDeviceConditions),
-        ):
-            types = [condition.type for condition in conditions]
-            if len(types) != len(set(types)):
-                raise ValueError(f"{name}: each condition type may be listed once")
-        return self
-
-
-class Escalation(_Model):
-    # This many remediations of one node within windowSeconds (the latest included) keep gpuguard's
-    # marks on it when its devices are clear again, until an operator acknowledges it; 0: never.
-    remediations: int = Field(ge=0, le=MAX_REMEMBERED_REMEDIATIONS)
-    windowSeconds: Seconds
-
-
-class Recovery(_Model):
-    afterSeconds: WaitSeconds
-    escalation: Escalation
-
-
-class ExpectedDevices(_Model):
-    """The device counts a class of nodes (those its selector matches) must report: fewer is a failure,
-    even on a node gpuguard never saw with more."""
-
-    selector: LabelSelector
-    resources: dict[LabelKey, Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_PATTERNS)
-
-
-class Eviction(_Model):
-    retrySeconds: Seconds
-    maxRetrySeconds: Seconds
-    timeoutSeconds: Seconds
-    perNodePerMinute: int = Field(ge=1, le=MAX_RATE_PER_MINUTE)
-    perNamespacePerMinute: int = Field(ge=1, le=MAX_RATE_PER_MINUTE)
-
-    @model_validator(mode="after")
-    def _retry_order(self) -> Eviction:
-        if self.maxRetrySeconds < self.retrySeconds:
-            raise ValueError(
-                f"maxRetrySeconds ({self.maxRetrySeconds}) must be at least retrySeconds ({self.retrySeconds})"
-            )
-        return self
-
-
-class Budget(_Model):
-    maxUnhealthy: CountOrPercent
-
-
-class CircuitBreaker(_Model):
-    maxNodes: CountOrPercent
-    windowSeconds: Seconds
-
-
-class Dra(_Model):
-    # Who evicts the pods of a DRA device gpuguard fences once evictions are enforced: the Eviction API
-    # (PodDisruptionBudgets respected), or the device-taint-eviction controller, through a NoExecute
-    # DeviceTaintRule (it deletes without consulting PodDisruptionBudgets); auto: the Eviction API for
-    # a pod a PodDisruptionBudget selects, the device-taint-eviction controller for any other.
-    evict: DraEvict
-
-
-class Health(_Model):
-    enabled: bool
-    mode: ModeField
-    paused: bool
-    actions: HealthActions
-    nodeSelector: LabelSelector
-    poolLabels: list[LabelKey] = Field(max_length=MAX_PATTERNS)
-    # Taint keys are qualified names, as label keys are.
-    othersRemediatingTaints: list[LabelKey] = Field(max_length=MAX_PATTERNS)
-    signals: HealthSignals
-    # The first entry whose selector matches a node gives its expected device counts.
-    expectedDevices: list[ExpectedDevices] = Field(max_length=MAX_PATTERNS)
-    dra: Dra
-    recovery: Recovery
-    eviction: Eviction
-    budget: Budget
-    circuitBreaker: CircuitBreaker
-
-    def pool_of(self, labels: Mapping[str, str]) -> str:
-        """The node's pool: the value of the first of `poolLabels` it carries; "" for none."""
-        return next((labels[key] for key in self.poolLabels if key in labels), "")
-
-    def expected_devices(self, labels: Mapping[str, str]) -> Mapping[str, int]:
-        """The device counts the policy expects of a node with these labels; empty for none."""
-        return next((e.resources for e in self.expectedDevices if e.selector.matches(labels)), {})
-
-
-class Audit(_Model):
+class Audit(StrictModel):
     # How often the controllers' leader rewrites the audit's PolicyReports (and soon after a policy
     # change); 0: never.
     reportIntervalSeconds: WaitSeconds
@@ -624,13 +369,13 @@ class Audit(_Model):
 AdmissionMode = Literal["webhook", "native", "hybrid"]
 
 
-class Admission(_Model):
+class Admission(StrictModel):
     # Who decides admission: gpuguard's webhooks alone, or also the API server's own admission policies
     # (`gpuguard policy compile`), which the controllers' leader keeps in step with this policy.
     mode: AdmissionMode
 
 
-class Policy(_Model):
+class Policy(StrictModel):
     enabled: bool
     mode: ModeField
     accelerators: Accelerators

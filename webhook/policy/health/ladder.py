@@ -38,7 +38,8 @@ from webhook.policy.health.signals import (
     not_ready,
     registered_devices,
 )
-from webhook.policy.model import Mode, Policy, scaled_count
+from webhook.policy.model import Mode, Policy
+from webhook.policy.model_health import scaled_count
 
 # A node held back (budget, breaker, someone else's cordon) is looked at again this often, since what
 # holds it changes on other nodes.

@@ -27,7 +27,8 @@ from webhook.policy.health.observed import (
     Taint,
 )
 from webhook.policy.health.records import NodeRecord
-from webhook.policy.model import HealthSignals, Policy
+from webhook.policy.model import Policy
+from webhook.policy.model_health import HealthSignals
 
 EXCLUDE_LABEL = "gpuguard.io/exclude-from-remediation"
 
