@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from controllers_harness import DRA_DRIVER, NAMESPACE, ControllersProcess, eventually
-from controlplane import ControlPlane
+from controlplane import ControlPlane, wait_until
 from webhook_harness import submit
 
 from webhook.policy.health import fences
@@ -42,7 +42,7 @@ from .dra_driver import HEALTHY, UNHEALTHY, FakeDraDriver, device_class
 from .images import BUSYBOX_IMAGE
 from .responders import holds_for
 from .test_device_failure import TERM_RECORDER_EXIT_143, disruption_target, job_pods, remove_hold
-from .test_graceful_termination import HOLD, uptime
+from .test_graceful_termination import HOLD, TERM_RECORDER, uptime
 from .workloads import HOSTNAME_LABEL, container_status, get_pod, running, wait_for_pod
 
 CLAIM = "gpu"  # the pods' claim, and the request in it
@@ -75,9 +75,18 @@ def drivers(cluster: NodeCluster) -> Iterator[dict[str, FakeDraDriver]]:
             driver.publish()
         yield started
     finally:
-        for driver in started.values():
-            driver.stop()
-        plane.kubectl("delete", "deviceclass", DRA_DRIVER, "--ignore-not-found", check=False)
+        try:
+            # The last test's pods left the API at once (deleted without grace); the kubelets unprepare
+            # their claims after stopping their containers, and need the drivers for it.
+            wait_until(
+                lambda: not any(driver.prepared() for driver in started.values()),
+                timeout=PATIENCE,
+                what="every claim unprepared by the kubelets",
+            )
+        finally:
+            for driver in started.values():
+                driver.stop()
+            plane.kubectl("delete", "deviceclass", DRA_DRIVER, "--ignore-not-found", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +112,13 @@ def dra_controllers(
         cluster.plane.kubectl(
             "delete", "configmap", "gpuguard-remediation", "-n", NAMESPACE, "--ignore-not-found"
         )
+
+
+@pytest.fixture
+def claims(cluster: NodeCluster, namespace: str) -> str:
+    """The test's namespace, with the ResourceClaimTemplate its pods take their claim from."""
+    cluster.plane.kubectl("create", "-f", "-", input=json.dumps(claim_template(namespace)))
+    return namespace
 
 
 @pytest.fixture
@@ -179,6 +195,24 @@ def running_on_device(
     return pod, seen[0]
 
 
+def claim_pod_running(
+    plane: ControlPlane, namespace: str, name: str, *, node: str | None = None
+) -> tuple[dict[str, Any], tuple[str, str]]:
+    """A bare pod holding a device of the driver's (on `node`, or where the scheduler puts it), running
+    until SIGTERM (so that it stops once the preStop is done): once it runs, the pod and (pool, device)."""
+    spec = claim_pod_spec(TERM_RECORDER)
+    if node is not None:
+        spec["nodeSelector"] = {HOSTNAME_LABEL: node}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+    submit(plane, "create", pod)
+    return running_on_device(plane, namespace, name)
+
+
 def rules(plane: ControlPlane) -> dict[str, dict[str, Any]]:
     listed = plane.kubectl_json("get", "devicetaintrules")["items"]
     return {rule["metadata"]["name"]: rule for rule in listed}
@@ -189,11 +223,10 @@ def test_a_driver_tainted_device_is_fenced_its_pod_removed_and_replaced_without_
     drivers: dict[str, FakeDraDriver],
     dra_controllers: ControllersProcess,
     untainted_again: None,
-    namespace: str,
+    claims: str,
     summary: Callable[[str, str], None],
 ) -> None:
-    plane = cluster.plane
-    plane.kubectl("create", "-f", "-", input=json.dumps(claim_template(namespace)))
+    plane, namespace = cluster.plane, claims
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -217,14 +250,7 @@ def test_a_driver_tainted_device_is_fenced_its_pod_removed_and_replaced_without_
     assert any(device in devices for devices in driver.prepared().values())  # the driver prepared it
 
     # A pod on another device of the same node: it must not notice.
-    neighbour = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "neighbour", "namespace": namespace},
-        "spec": {**claim_pod_spec("exec sleep 3600"), "nodeSelector": {HOSTNAME_LABEL: node}},
-    }
-    submit(plane, "create", neighbour)
-    _, (_, neighbour_device) = running_on_device(plane, namespace, "neighbour")
+    _, (_, neighbour_device) = claim_pod_running(plane, namespace, "neighbour", node=node)
     assert neighbour_device != device
 
     # The removed pod stays readable after its container stopped (the test's finalizer, on it alone).
@@ -354,18 +380,10 @@ def test_audit_mode_fences_a_driver_tainted_device_with_a_none_rule_and_evicts_n
     dra_controllers: ControllersProcess,
     audit_mode: None,
     untainted_again: None,
-    namespace: str,
+    claims: str,
 ) -> None:
-    plane = cluster.plane
-    plane.kubectl("create", "-f", "-", input=json.dumps(claim_template(namespace)))
-    trainer = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "trainer", "namespace": namespace},
-        "spec": claim_pod_spec("exec sleep 3600"),
-    }
-    submit(plane, "create", trainer)
-    _, (node, device) = running_on_device(plane, namespace, "trainer")
+    plane, namespace = cluster.plane, claims
+    _, (node, device) = claim_pod_running(plane, namespace, "trainer")
 
     drivers[node].publish({device: [XID_79]})
     rule_name = fences.rule_name(f"{DRA_DRIVER}/{node}/{device}")
@@ -408,22 +426,14 @@ def test_the_health_stream_unhealthy_reaches_the_pod_and_gpuguard_while_unknown_
     drivers: dict[str, FakeDraDriver],
     dra_controllers: ControllersProcess,
     healthy_reported: list[tuple[str, str]],
-    namespace: str,
+    claims: str,
     summary: Callable[[str, str], None],
 ) -> None:
     """The driver streams nothing for the pod's device: the kubelet says Unknown, gpuguard does
     nothing. It then streams the device Unhealthy: the kubelet writes it into the pod's status and
     gpuguard removes the pod."""
-    plane = cluster.plane
-    plane.kubectl("create", "-f", "-", input=json.dumps(claim_template(namespace)))
-    trainer = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "trainer", "namespace": namespace},
-        "spec": claim_pod_spec("exec sleep 3600"),
-    }
-    submit(plane, "create", trainer)
-    pod, (node, device) = running_on_device(plane, namespace, "trainer")
+    plane, namespace = cluster.plane, claims
+    pod, (node, device) = claim_pod_running(plane, namespace, "trainer")
     resource = f"{DRA_DRIVER}/{node}/{device}"  # the kubelet's name for a device prepared without CDI ids
     assert claim_health(pod) == {resource: "Unknown"}
     holds_for(
