@@ -142,7 +142,7 @@ class FakeDraDriver:
             server.stop(grace=None)
         self._servers.clear()
         for socket in (self.registration_socket, self.endpoint):
-            with contextlib.suppress(FileNotFoundError):  # a starting kubelet empties plugins_registry
+            with contextlib.suppress(FileNotFoundError):  # removed already
                 socket.unlink()
         self.plane.kubectl("delete", "resourceslice", self.slice_name, "--ignore-not-found", check=False)
 
