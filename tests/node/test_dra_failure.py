@@ -381,10 +381,12 @@ def test_audit_mode_fences_a_driver_tainted_device_with_a_none_rule_and_evicts_n
     audit_mode: None,
     untainted_again: None,
     claims: str,
+    summary: Callable[[str, str], None],
 ) -> None:
     plane, namespace = cluster.plane, claims
     _, (node, device) = claim_pod_running(plane, namespace, "trainer")
 
+    tainted_at = time.monotonic()
     drivers[node].publish({device: [XID_79]})
     rule_name = fences.rule_name(f"{DRA_DRIVER}/{node}/{device}")
     eventually(
@@ -393,6 +395,7 @@ def test_audit_mode_fences_a_driver_tainted_device_with_a_none_rule_and_evicts_n
         timeout=PATIENCE,
         processes=[dra_controllers],
     )
+    rule_seconds = time.monotonic() - tainted_at
     assert rules(plane)[rule_name]["spec"]["taint"]["effect"] == "None"
 
     def violation() -> str:
@@ -403,12 +406,19 @@ def test_audit_mode_fences_a_driver_tainted_device_with_a_none_rule_and_evicts_n
 
     holds_for(violation, QUIET_SECONDS, logs=dra_controllers.log)
 
+    untainted_at = time.monotonic()
     drivers[node].publish()
     eventually(
         lambda: rule_name not in rules(plane),
         what="the None rule deleted once the device is untainted",
         timeout=PATIENCE,
         processes=[dra_controllers],
+    )
+    summary(
+        "dra_audit",
+        f"DRA device tainted by its driver, audit mode: gpuguard's None DeviceTaintRule {rule_seconds:.1f} s "
+        f"after the taint, nothing evicted in {QUIET_SECONDS} s, the rule deleted "
+        f"{time.monotonic() - untainted_at:.1f} s after the untaint",
     )
 
 
