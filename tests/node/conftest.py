@@ -213,7 +213,13 @@ def cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactor
     problems: list[str] = []
     try:
         plane.start_controller_manager(
-            controllers=(*CONTROLLERS, "daemonset-controller"),  # the device plugin's pods
+            # The device plugin's pods; DRA: claims from pods' templates, pods on NoExecute-tainted devices.
+            controllers=(
+                *CONTROLLERS,
+                "daemonset-controller",
+                "resource-claim-controller",
+                "device-taint-eviction-controller",
+            ),
             node_monitor_period=1,
             node_monitor_grace_period=NODE_MONITOR_GRACE_SECONDS,
             node_startup_grace_period=30,
