@@ -41,11 +41,9 @@ import orjson
 
 from bench import FLOOR_MISSED, payloads
 from bench.bench import SERVER_CORE, WRK_SCRIPT, Load, Server, _free_port, rss_mb, wrk
+from tests.harness import REPO_ROOT
+from tests.harness.controlplane import ControlPlane
 from webhook.policy.model import default_policy
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-from controlplane import ControlPlane  # noqa: E402  (tests/e2e is not a package)
 
 FLEET_NODES = 5_000
 LARGE_FLEET = 20_000
@@ -624,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=10, help="seconds per latency measurement")
     parser.add_argument("--gpuguard", default=str(Path(sys.executable).with_name("gpuguard")))
     parser.add_argument("--compare", metavar="GPUGUARD", help="also start this gpuguard (another build)")
-    parser.add_argument("--k8s-bin", default=str(REPO / ".cache" / "k8s-bin" / "v1.37.2"))
+    parser.add_argument("--k8s-bin", default=str(REPO_ROOT / ".cache" / "k8s-bin" / "v1.37.2"))
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)
     say: Callable[[str], None] = lambda text: print(f"fleet: {text}", file=sys.stderr, flush=True)  # noqa: E731

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane, free_ports, http_get
-from webhook_harness import (
+
+from tests.harness.admission import (
     API_SERVER_DEFAULT_SECONDS,
     IMAGE,
     PRE_STOP,
@@ -44,7 +44,7 @@ from webhook_harness import (
     readiness_tolerations,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane, free_ports, http_get
 from webhook.policy import engine
 from webhook.policy.model import parse_policy
 

@@ -1,6 +1,6 @@
 """The node health controller and the pod device-health watcher on the real API server, with the real
 kube-controller-manager (Job, disruption, taint-eviction and pod GC controllers) and the test playing
-the kubelet (see controllers_harness.py). Each test gets its own nodes, its own policy (on its own
+the kubelet (see tests/harness/controllers.py). Each test gets its own nodes, its own policy (on its own
 nodes only) and a fresh controllers process."""
 
 from __future__ import annotations
@@ -15,7 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controllers_harness import (
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import (
+    WebhookProcess,
+    default_priority_classes,
+    gpu_job,
+    install_priority_classes,
+    register,
+    unregister,
+    wait_until_called,
+)
+from tests.harness.controllers import (
     DRA_DRIVER,
     GPU,
     KCM_CONTROLLERS,
@@ -32,19 +43,8 @@ from controllers_harness import (
     service_account_kubeconfig,
     taints,
 )
-from controlplane import ControlPlane, without_proxies
-from install_harness import CRD_FILE, find, install_crds, render
-from webhook_harness import (
-    REPO_ROOT,
-    WebhookProcess,
-    default_priority_classes,
-    gpu_job,
-    install_priority_classes,
-    register,
-    unregister,
-    wait_until_called,
-)
-
+from tests.harness.controlplane import ControlPlane, without_proxies
+from tests.harness.install import CRD_FILE, find, install_crds, render
 from webhook.policy.health import fences, observed, signals
 
 TAINT = f"{observed.TAINT_KEY}:NoSchedule"

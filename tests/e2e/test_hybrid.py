@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 import yaml
-from controllers_harness import (
+
+from tests.e2e.test_native import NATIVE_KINDS, wait_until_in_force
+from tests.harness.admission import (
+    create_namespace,
+    default_priority_classes,
+    install_priority_classes,
+    submit,
+)
+from tests.harness.controllers import (
     NAMESPACE,
     SERVICE_ACCOUNT,
     ControllersProcess,
@@ -25,10 +33,7 @@ from controllers_harness import (
     install_service_account,
     service_account_kubeconfig,
 )
-from controlplane import ControlPlane
-from test_native import NATIVE_KINDS, wait_until_in_force
-from webhook_harness import create_namespace, default_priority_classes, install_priority_classes, submit
-
+from tests.harness.controlplane import ControlPlane
 from webhook.controllers import series
 from webhook.controllers.nativesync import NAME
 from webhook.policy.model import CONFIGMAP_KEY, parse_policy

@@ -11,9 +11,9 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane
 from kubernetes import client
 
+from tests.harness.controlplane import ControlPlane
 from webhook.kube.client import ResourceListWatch, api_client, collection, metadata_of
 from webhook.kube.informer import Change, Informer
 

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane, http_get, log_tail
-from webhook_harness import (
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import (
     API_SERVER_DEFAULT_SECONDS,
     PRE_STOP,
     READINESS_KEYS,
-    REPO_ROOT,
     RULES_ANNOTATION,
     LiveWebhook,
     WebhookProcess,
@@ -48,7 +48,7 @@ from webhook_harness import (
     readiness_tolerations,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane, http_get, log_tail
 from webhook.policy.model import default_policy
 
 POLICY_ANNOTATION = "gpuguard.io/policy"

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from controlplane import (
+
+from tests.harness import REPO_ROOT
+from tests.harness.controlplane import (
     LOOPBACK,
     POLL_INTERVAL,
     ControlPlane,
@@ -29,10 +31,8 @@ from controlplane import (
     wait_until,
     without_proxies,
 )
-
 from webhook.policy.model import parse_policy
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_NAME = "gpuguard-e2e"
 MUTATING_WEBHOOK = "mutate.gpuguard.io"
 VALIDATING_WEBHOOK = "validate.gpuguard.io"

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from controlplane import without_proxies
-from webhook_harness import REPO_ROOT
+
+from tests.harness import REPO_ROOT
+from tests.harness.controlplane import without_proxies
 
 CHART = REPO_ROOT / "charts" / "gpuguard"
 RELEASE = "gpuguard"

@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from controlplane import (
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import metric_samples
+from tests.harness.controlplane import (
     LOOPBACK,
     ControlPlane,
     Process,
@@ -33,8 +36,6 @@ from controlplane import (
     wait_until,
     without_proxies,
 )
-from webhook_harness import REPO_ROOT, metric_samples
-
 from webhook.policy.health import fences, observed, records
 
 GPU = "nvidia.com/gpu"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tests.harness import REPO_ROOT
+
 ENV = "GPUGUARD_CORPUS"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = bool(os.environ.get(ENV))
 CORPUS = (
     Path(os.environ[ENV]).resolve()

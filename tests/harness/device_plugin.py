@@ -21,7 +21,12 @@ from typing import Any
 
 import grpc
 
-from .kubelet_api import DEVICE_PLUGIN_SERVICE, DEVICE_PLUGIN_VERSION, REGISTRATION_SERVICE, KubeletApis
+from tests.harness.kubelet_api import (
+    DEVICE_PLUGIN_SERVICE,
+    DEVICE_PLUGIN_VERSION,
+    REGISTRATION_SERVICE,
+    KubeletApis,
+)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

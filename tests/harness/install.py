@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from controlplane import (
+from cryptography import x509
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import metric_samples
+from tests.harness.controlplane import (
     LOOPBACK,
     ControlPlane,
     Process,
@@ -30,9 +34,6 @@ from controlplane import (
     wait_until,
     without_proxies,
 )
-from cryptography import x509
-from webhook_harness import REPO_ROOT, metric_samples
-
 from webhook.certs import tls
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -299,7 +300,8 @@ def _gpuguard_env() -> dict[str, str]:
 
 
 # The Policy WG's PolicyReport CRDs (gpuguard installs none; the audit's tests do).
-CRD_FILE = Path(__file__).resolve().parent / "crds" / "wgpolicyk8s.io-v1alpha2.yaml"
+CRD_FOLDER = Path(__file__).resolve().parent / "crds"
+CRD_FILE = CRD_FOLDER / "wgpolicyk8s.io-v1alpha2.yaml"
 
 
 def install_crds(plane: ControlPlane, path: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """JobSet's CRD and its controller manager on a control plane, for the tests that run JobSets for real
 (tests/e2e/test_jobset_controller.py without kubelets, tests/node/test_gang_restart.py on real nodes).
 
-Both come from the shared third_party folder (tests/third_party.py): the CRD as shipped, the manager
+Both come from the shared third_party folder (third_party.py): the CRD as shipped, the manager
 built into the cache. The manager runs without leader election and without its certificate management;
 its webhook server gets a certificate here and is registered nowhere, so what JobSet's defaulting
 webhook adds must be in the manifests (`JOBSET_DEFAULTS`).
@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import third_party
 import yaml
-from controlplane import (
+
+from tests.harness import third_party
+from tests.harness.controlplane import (
     LOOPBACK,
     ControlPlane,
     Process,
@@ -25,8 +26,7 @@ from controlplane import (
     wait_until,
     without_proxies,
 )
-from install_harness import install_crds
-
+from tests.harness.install import install_crds
 from webhook.certs import tls
 
 RESTARTS_LABEL = "jobset.sigs.k8s.io/restart-attempt"

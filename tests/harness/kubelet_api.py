@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from webhook_harness import REPO_ROOT
+from tests.harness import REPO_ROOT
 
 CONTROL_PLANE_MODULE = REPO_ROOT / "tests" / "controlplane"
 DEVICE_PLUGIN_PROTO = "deviceplugin/v1beta1/api.proto"

@@ -1,8 +1,8 @@
-"""Shared builders for the unit suite: manifests, AdmissionReviews, policies and Kubernetes' own checks.
+"""Builders the tiers and the bench share: manifests, AdmissionReviews, policies and Kubernetes' own checks.
 
 Manifests are plain dicts shaped like what the API server sends (or what a user writes), so a test
-reads as the object it is about. The test modules import them (`from .builders import ...`); the
-fixtures live in conftest.py.
+reads as the object it is about. The test modules import them (`from tests.harness.manifests import
+...`); the unit tier's fixtures live in tests/unit/conftest.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import jsonpatch
 import orjson
 import yaml
 
+from tests.harness import REPO_ROOT
 from webhook.admission import review
 from webhook.policy import engine
 from webhook.policy.model import Policy, parse_policy
@@ -28,7 +29,6 @@ from webhook.policy.workload import locate
 
 JSON = dict[str, Any]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
 
 GPU = "nvidia.com/gpu"

@@ -33,9 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane import ControlPlane, Process, free_ports, log_tail, spawn, wait_until, without_proxies
-
-from .images import PAUSE_IMAGE, Image
+from tests.harness.controlplane import (
+    ControlPlane,
+    Process,
+    free_ports,
+    log_tail,
+    spawn,
+    wait_until,
+    without_proxies,
+)
+from tests.harness.images import PAUSE_IMAGE, Image
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 CGROUP_PREFIX = "gpuguard-node-"

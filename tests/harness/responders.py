@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controllers_harness import PLUGIN_LABELS, PLUGIN_NAMESPACE, ControllersProcess
-from controlplane import (
+from tests.harness import REPO_ROOT
+from tests.harness.admission import metric_samples
+from tests.harness.controllers import PLUGIN_LABELS, PLUGIN_NAMESPACE, ControllersProcess
+from tests.harness.controlplane import (
     LOOPBACK,
     ControlPlane,
     Process,
@@ -31,12 +33,9 @@ from controlplane import (
     wait_until,
     without_proxies,
 )
-from webhook_harness import REPO_ROOT, metric_samples
-
+from tests.harness.images import BUSYBOX_IMAGE
 from webhook.kube.remediation import FIELD_MANAGER
 from webhook.policy.health import holdings, observed, records
-
-from .images import BUSYBOX_IMAGE
 
 AGENT_SERVICE_ACCOUNT = "gpuguard-node-agent"
 AGENT_NAMESPACE = "gpuguard-node"  # deploy/node-agent: a namespace of its own

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from controlplane import (
+from tests.harness.controlplane import (
     ControlPlane,
     Process,
     wait_until,

@@ -1,7 +1,6 @@
 """Session plumbing shared by the end-to-end tiers (tests/e2e, tests/node): building the Go binaries
 with their progress visible, and lines written to the terminal past pytest's output capture. Each
-tier's measurements for the terminal summary are gathered by the suite's plugin (gpuguard_suite), whose
-functions for it are re-exported here for the tiers' conftests."""
+tier's measurements for the terminal summary are gathered by the suite's plugin (suite.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpuguard_suite import add_summary as add_summary
-from gpuguard_suite import summary_fixture as summary_fixture
-from gpuguard_suite import summary_lines as summary_lines
-from webhook_harness import REPO_ROOT
+
+from tests.harness import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "build.sh"
 

@@ -1,10 +1,10 @@
-"""The suite's own pytest plugin (loaded with `-p gpuguard_suite`, pyproject.toml): what every run says
+"""The suite's own pytest plugin (loaded with `-p tests.harness.suite`, pyproject.toml): what every run says
 about itself, the Kubernetes version the end-to-end tests use and whether the shared corpus is there
 (its tests run, or are skipped and counted), and `summary`, the figures a test measures, printed at the
 end of the run (each tier's under its name: the unit tier's here, the others' in their conftest).
 
 A plugin rather than tests/conftest.py: pytest consults only the conftest files loaded when the run
-starts for its header, and a second conftest module would collide with tests/e2e/conftest.py in mypy.
+starts for its header.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import shared_corpus
 
-GO_MOD = shared_corpus.REPO_ROOT / "tests" / "controlplane" / "go.mod"
+from tests.harness import REPO_ROOT, corpus
+
+GO_MOD = REPO_ROOT / "tests" / "controlplane" / "go.mod"
 SUMMARY_KEY = pytest.StashKey[dict[str, list[str]]]()
 CORPUS_TESTS_KEY = pytest.StashKey[list[str]]()
 
@@ -28,18 +29,15 @@ def pinned_kubernetes_version() -> str:
 
 
 def _corpus_header() -> str:
-    if shared_corpus.PRESENT:
-        return f"corpus: {shared_corpus.CORPUS} ({len(shared_corpus.FILES)} manifests): its tests run"
-    return (
-        f"corpus: none at {shared_corpus.CORPUS}: its tests are skipped "
-        f"(clone it there or set {shared_corpus.ENV}=DIR)"
-    )
+    if corpus.PRESENT:
+        return f"corpus: {corpus.CORPUS} ({len(corpus.FILES)} manifests): its tests run"
+    return f"corpus: none at {corpus.CORPUS}: its tests are skipped (clone it there or set {corpus.ENV}=DIR)"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "corpus: needs the shared corpus (skipped when it is absent)")
-    if shared_corpus.REQUIRED and not shared_corpus.PRESENT:
-        raise pytest.UsageError(f"{shared_corpus.ENV}={shared_corpus.CORPUS}: no such folder")
+    if corpus.REQUIRED and not corpus.PRESENT:
+        raise pytest.UsageError(f"{corpus.ENV}={corpus.CORPUS}: no such folder")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -53,9 +51,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     corpus_tests = [item.nodeid for item in items if item.get_closest_marker("corpus")]
     config.stash[CORPUS_TESTS_KEY] = corpus_tests
-    if shared_corpus.PRESENT:
+    if corpus.PRESENT:
         return
-    skip = pytest.mark.skip(reason=f"no shared corpus at {shared_corpus.CORPUS}")
+    skip = pytest.mark.skip(reason=f"no shared corpus at {corpus.CORPUS}")
     for item in items:
         if item.get_closest_marker("corpus"):
             item.add_marker(skip)
@@ -63,10 +61,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     count = len(config.stash.get(CORPUS_TESTS_KEY, []))
-    if shared_corpus.PRESENT:
-        line = f"corpus: {count} corpus tests ran on {shared_corpus.CORPUS}"
+    if corpus.PRESENT:
+        line = f"corpus: {count} corpus tests ran on {corpus.CORPUS}"
     else:
-        line = f"corpus: {count} corpus tests skipped, no corpus at {shared_corpus.CORPUS}"
+        line = f"corpus: {count} corpus tests skipped, no corpus at {corpus.CORPUS}"
     terminalreporter.write_line(line)
     for figure in summary_lines(config, "unit"):
         terminalreporter.write_line(f"unit: {figure}")

@@ -1,6 +1,6 @@
 """Real third-party components the tests run beside gpuguard, from the shared third_party folder.
 
-Like the corpus (shared_corpus.py), the folder is not part of the repository: CI lays it out next to the
+Like the corpus (corpus.py), the folder is not part of the repository: CI lays it out next to the
 clone (`../shared/third_party`, found higher up from a worktree). Its archives are unpacked once into
 the ignored cache (`.cache/third-party/<archive>/`), where a clean clone's test run puts them too.
 """
@@ -14,7 +14,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.harness import REPO_ROOT
+
 CACHE = REPO_ROOT / ".cache" / "third-party"
 FOLDER = next(
     (

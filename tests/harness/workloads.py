@@ -1,6 +1,6 @@
 """Workloads for real nodes, and reading what the cluster did with them.
 
-The manifests start from the e2e tier's (webhook_harness.gpu_pod, gpu_job), so the node tier
+The manifests start from the e2e tier's (admission.gpu_pod, gpu_job), so the node tier
 submits what gpuguard's other tests submit, and only swaps in an image the nodes have, a script,
 and the node to run on."""
 
@@ -11,10 +11,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controlplane import ControlPlane, wait_until
-from webhook_harness import pod_spec_of
-
-from .images import BUSYBOX_IMAGE
+from tests.harness.admission import pod_spec_of
+from tests.harness.controlplane import ControlPlane, wait_until
+from tests.harness.images import BUSYBOX_IMAGE
 
 GPU = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"

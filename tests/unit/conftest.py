@@ -1,4 +1,4 @@
-"""Fixtures of the unit suite; the builders they and the tests share are in builders.py."""
+"""Fixtures of the unit suite; the builders they and the tests share are in tests/harness/manifests.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.harness.manifests import CliRun, Gpuguard, run_gpuguard
 from webhook.policy.model import Policy, default_policy
-
-from .builders import CliRun, Gpuguard, run_gpuguard
 
 # Property tests assert behaviour, not speed: on a loaded machine one example can take longer than
 # hypothesis's default 200 ms deadline, which would fail a correct test. Timing lives in bench/.

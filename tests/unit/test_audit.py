@@ -9,20 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import shared_corpus
 import yaml
 
-from webhook import cli
-from webhook.admission import review
-from webhook.audit import findings, output, reports
-from webhook.cli import audit as cli_audit
-from webhook.cli import inputs
-from webhook.cli import output as cli_output
-from webhook.policy import engine
-from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo, Taint
-from webhook.policy.model import MUTATING_RULES, RULE_IDS, Policy
-
-from .builders import (
+from tests.harness import corpus
+from tests.harness.manifests import (
     EXAMPLES,
     admission_review,
     container,
@@ -35,6 +25,15 @@ from .builders import (
     response_of,
     templated,
 )
+from webhook import cli
+from webhook.admission import review
+from webhook.audit import findings, output, reports
+from webhook.cli import audit as cli_audit
+from webhook.cli import inputs
+from webhook.cli import output as cli_output
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, NodeInfo, PriorityClassInfo, Taint
+from webhook.policy.model import MUTATING_RULES, RULE_IDS, Policy
 
 JSON = dict[str, Any]
 # What the default policy changes on a class-less GPU Job.
@@ -160,11 +159,11 @@ def test_the_audit_agrees_with_admission_on_every_example_and_corpus_manifest(
     examples = [*sorted(EXAMPLES.glob("*.yaml")), *sorted(EXAMPLES.glob("tests/*/*.yaml"))]
     documents = [
         doc
-        for path in [*examples, *shared_corpus.FILES]
+        for path in [*examples, *corpus.FILES]
         for doc in yaml.safe_load_all(path.read_text())
         if isinstance(doc, dict) and "apiVersion" in doc and doc.get("kind") != "List"
     ]
-    assert len(documents) > (50 if shared_corpus.PRESENT else 5)
+    assert len(documents) > (50 if corpus.PRESENT else 5)
     for doc in documents:
         obj = placed(doc, namespace=namespace, uid="x")
         finding = findings.evaluate(obj, policy, ClusterFacts())

@@ -10,14 +10,13 @@ from collections.abc import Mapping
 
 import pytest
 
+from tests.harness.manifests import job, make_policy
 from webhook.audit import findings
 from webhook.audit.background import ReportLoop
 from webhook.audit.schedule import AuditMetrics, Schedule
 from webhook.kube.reports import Written
 from webhook.policy.facts import ClusterFacts
 from webhook.policy.model import Policy
-
-from .builders import job, make_policy
 
 WAIT = 30.0  # generous: an event that should come at once, on a loaded machine
 

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
 from bench import FLOOR_MISSED, fleetday
+from tests.harness import REPO_ROOT
 from webhook.policy.health import observed
 from webhook.policy.model import parse_policy
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_bench_runs_every_scenario_to_its_report() -> None:

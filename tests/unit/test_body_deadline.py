@@ -10,12 +10,11 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.harness.manifests import admission_review, defaulted_gpu_pod, well_formed
 from webhook.admission import app
 from webhook.admission.app import AdmissionApp, State
 from webhook.policy.model import Policy
 from webhook.runtime.policy_store import PolicyStore
-
-from .builders import admission_review, defaulted_gpu_pod, well_formed
 
 SCOPE: dict[str, Any] = {"type": "http", "path": "/mutate", "method": "POST", "headers": []}
 

@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 import webhook
+from tests.harness import REPO_ROOT
+from tests.harness.manifests import EXAMPLES, Gpuguard, apply, assert_same_json
 from webhook import cli
 from webhook.cli import output
 from webhook.policy import engine
 from webhook.policy.model import default_policy
-
-from .builders import EXAMPLES, REPO_ROOT, Gpuguard, apply, assert_same_json
 
 GPU_EXAMPLES = ["gpu-training-job.yaml", "gpu-inference-deployment.yaml", "gpu-cronjob.yaml"]
 CPU_ON_GPU_NODE = EXAMPLES / "cpu-pod-on-gpu-node.yaml"

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.harness.manifests import EXAMPLES, Gpuguard
 from webhook.policy.model import RULE_IDS
-
-from .builders import EXAMPLES, Gpuguard
 
 SHIPPED = EXAMPLES / "tests"
 

@@ -11,10 +11,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from tests.harness import REPO_ROOT
+from tests.harness.manifests import Gpuguard
 from webhook.certs import files as certfiles
 from webhook.certs import tls
-
-from .builders import REPO_ROOT, Gpuguard
 
 
 def test_certs_generate_for_a_service(gpuguard: Gpuguard, tmp_path: Path) -> None:

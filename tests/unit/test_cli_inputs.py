@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.harness.manifests import EXAMPLES, Gpuguard
 from webhook.cli import inputs, output
 from webhook.policy.facts import NodeInfo, PriorityClassInfo
-
-from .builders import EXAMPLES, Gpuguard
 
 JOB = EXAMPLES / "gpu-training-job.yaml"
 CPU_ON_GPU_NODE = EXAMPLES / "cpu-pod-on-gpu-node.yaml"

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.harness.manifests import Gpuguard
 from webhook import cli
 from webhook.cli import nodes, output
-
-from .builders import Gpuguard
 
 
 def gpu_node(name: str, driver: str) -> dict[str, Any]:

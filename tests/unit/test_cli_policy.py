@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness import REPO_ROOT
+from tests.harness.manifests import Gpuguard
 from webhook.policy.model import default_policy, parse_policy
-
-from .builders import REPO_ROOT, Gpuguard
 
 README = REPO_ROOT / "README.md"
 

@@ -9,11 +9,7 @@ from typing import Any
 
 import pytest
 
-from webhook.cli import inputs
-from webhook.cli.review import admission_review as review_of
-from webhook.policy import engine
-
-from .builders import (
+from tests.harness.manifests import (
     EXAMPLES,
     Gpuguard,
     admission_review,
@@ -23,6 +19,9 @@ from .builders import (
     defaulted_gpu_pod,
     pod,
 )
+from webhook.cli import inputs
+from webhook.cli.review import admission_review as review_of
+from webhook.policy import engine
 
 JOB = EXAMPLES / "gpu-training-job.yaml"
 SAMPLE = EXAMPLES / "reviews" / "gpu-training-job.json"

@@ -2,7 +2,7 @@
 
 Every file in the corpus is listed below with what should happen to each of its documents, so a new
 file must be classified here before the suite passes. The corpus lives outside the repository
-(tests/shared_corpus.py): without it these tests are skipped, and the run's summary says so.
+(tests/corpus.py): without it these tests are skipped, and the run's summary says so.
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-import shared_corpus
 import yaml
 
+from tests.harness import corpus
+from tests.harness.manifests import apply, assert_same_json, job_errors, pod_spec_errors
 from webhook.policy import engine, patch
 from webhook.policy.model import Policy
 from webhook.policy.rules import device_software
 from webhook.policy.workload import locate
 
-from .builders import apply, assert_same_json, job_errors, pod_spec_errors
-
-CORPUS = shared_corpus.CORPUS
+CORPUS = corpus.CORPUS
 pytestmark = pytest.mark.corpus
 
 Expect = Literal["mutated", "untouched"]
@@ -106,7 +105,7 @@ def _spec_and_job(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] |
 
 
 def test_every_corpus_file_is_classified() -> None:
-    assert sorted(path.name for path in shared_corpus.FILES) == sorted(EXPECTED)
+    assert sorted(path.name for path in corpus.FILES) == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED), ids=lambda name: name.removesuffix(".yaml"))

@@ -11,12 +11,12 @@ import dataclasses
 import datetime
 from typing import Any
 
+from tests.harness.manifests import make_policy
 from webhook.controllers.fleet import DeviceReports
 from webhook.kube.informer import Change
 from webhook.policy.health import observed
 from webhook.policy.model import Policy
 
-from .builders import make_policy
 from .test_health import raw_device_plugin, raw_node, raw_pod
 from .wired import NOW, Wired
 

@@ -9,11 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.harness.manifests import JSON, make_policy, pod, templated, validate_review
 from webhook.policy import engine, hostpaths, images
 from webhook.policy.model import RULE_IDS, Policy, PolicyError
 from webhook.policy.rules import device_mount
-
-from .builders import JSON, make_policy, pod, templated, validate_review
 
 UNTRUSTED = "quay.io/example/device-plugin:v1"
 NVIDIA = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
@@ -278,7 +277,7 @@ def test_every_pod_template_is_checked(policy: Policy, kind: str) -> None:
 
 
 def test_jobs_cronjobs_and_their_init_containers(policy: Policy) -> None:
-    from .builders import cronjob, job
+    from tests.harness.manifests import cronjob, job
 
     for obj in (
         job(

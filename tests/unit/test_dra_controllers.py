@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.harness.manifests import make_policy
 from webhook.policy.health import fences, observed
 
-from .builders import make_policy
 from .test_health import raw_node, raw_pod
 from .test_health_dra import DRIVER, raw_claim, raw_slice, tainted
 from .wired import Wired

@@ -12,15 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook import cli
-from webhook.cli.nodes import drivers_table
-from webhook.policy import drivers, engine, nodeaffinity, patch
-from webhook.policy.facts import ClusterFacts, NodeInfo, nodes_of
-from webhook.policy.model import Policy, PolicyError
-from webhook.runtime.metrics import Metrics
-from webhook.runtime.policy_store import PolicyStatus
-
-from .builders import (
+from tests.harness.manifests import (
     JSON,
     apply,
     assert_same_json,
@@ -33,6 +25,13 @@ from .builders import (
     spec_of,
     templated,
 )
+from webhook import cli
+from webhook.cli.nodes import drivers_table
+from webhook.policy import drivers, engine, nodeaffinity, patch
+from webhook.policy.facts import ClusterFacts, NodeInfo, nodes_of
+from webhook.policy.model import Policy, PolicyError
+from webhook.runtime.metrics import Metrics
+from webhook.runtime.policy_store import PolicyStatus
 
 ANNOTATION = "gpuguard.io/min-driver-major"
 MAJOR = "nvidia.com/cuda.driver-version.major"

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.policy import engine
-from webhook.policy.model import Policy
-
-from .builders import (
+from tests.harness.manifests import (
     GPU,
     JSON,
     POLICY_ANNOTATION,
@@ -24,6 +21,8 @@ from .builders import (
     spec_of,
     templated,
 )
+from webhook.policy import engine
+from webhook.policy.model import Policy
 
 
 @pytest.mark.parametrize(

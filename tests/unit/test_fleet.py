@@ -7,12 +7,11 @@ import datetime
 
 import pytest
 
+from tests.harness.manifests import make_policy
 from webhook.controllers.breaker import DUE_LOG_BYTES, DUE_LOG_KEY, Breaker, BreakerState
 from webhook.controllers.fleet import EvictionRateLimits, Ledger, PodIndex
 from webhook.kube.remediation import ConflictError, StoredState
 from webhook.policy.health import ladder, observed, records
-
-from .builders import make_policy
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 POLICY = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 0}}}})

@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.harness.manifests import EXAMPLES, GPU, apply, container, job, make_policy, mutate_review, patch_of
 from webhook.policy import engine
 from webhook.policy.kinds import BUILTIN_KINDS, parse_path
 from webhook.policy.model import PolicyError, default_policy
 from webhook.policy.workload import locate_all
-
-from .builders import EXAMPLES, GPU, apply, container, job, make_policy, mutate_review, patch_of
 
 JSON = dict[str, Any]
 POLICY = default_policy()

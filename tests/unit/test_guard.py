@@ -6,11 +6,7 @@ from typing import Any
 
 import pytest
 
-from webhook.policy import engine
-from webhook.policy.facts import ClusterFacts, PriorityClassInfo
-from webhook.policy.model import Policy
-
-from .builders import (
+from tests.harness.manifests import (
     JSON,
     container,
     cronjob,
@@ -22,6 +18,9 @@ from .builders import (
     templated,
     validate_review,
 )
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, PriorityClassInfo
+from webhook.policy.model import Policy
 
 GKE_L4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
 

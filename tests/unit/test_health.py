@@ -12,10 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.harness.manifests import make_policy
 from webhook.policy.health import ladder, observed, podverdicts, records, signals
 from webhook.policy.model import Policy, PolicyError, parse_policy
-
-from .builders import make_policy
 
 JSON = dict[str, Any]
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)

@@ -7,12 +7,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tests.harness.manifests import make_policy
 from webhook.cli import nodes
 from webhook.controllers.breaker import BreakerState
 from webhook.controllers.status import Row
 from webhook.policy.health import fences, ladder, observed, podverdicts, records, signals
 
-from .builders import make_policy
 from .test_health import FREE, NOW, actions, applied, enforcing, later, node, pod
 
 JSON = dict[str, Any]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.harness.manifests import make_policy
 from webhook.policy.health import ladder, observed, records
 from webhook.policy.model import PolicyError, default_policy
 
-from .builders import make_policy
 from .test_health import (
     ENFORCE,
     FREE,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.harness.manifests import make_policy
 from webhook.policy.health import ladder, observed, podverdicts, records, signals
 from webhook.policy.model import Policy
 
-from .builders import make_policy
 from .test_health import (
     ENFORCE,
     FREE,

@@ -11,11 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.harness.manifests import admission_review, defaulted_gpu_pod, well_formed
 from webhook.admission import review
 from webhook.policy.model import Policy
 from webhook.runtime.logs import JSONFormatter
-
-from .builders import admission_review, defaulted_gpu_pod, well_formed
 
 
 def nested(depth: int) -> str:

@@ -21,15 +21,14 @@ import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import orjson
 import pytest
-import shared_corpus
 import yaml
 
+from tests.harness import REPO_ROOT, corpus
 from webhook.admission import review
 from webhook.policy import engine, patch
 from webhook.policy.facts import NO_FACTS, ClusterFacts, NodeInfo, PriorityClassInfo
@@ -40,7 +39,6 @@ from webhook.policy.workload import split_api_version
 
 JSON = dict[str, Any]
 NAMESPACE = "ml-team"
-REPO = Path(__file__).resolve().parents[2]
 PADDING_FIELDS = 10_000
 
 
@@ -310,7 +308,7 @@ def objects() -> Iterator[tuple[str, JSON]]:
         ),
     )
     # The corpus when this run has it: the examples alone already reach every rule.
-    files = sorted((REPO / "examples").glob("*.yaml")) + shared_corpus.FILES
+    files = sorted((REPO_ROOT / "examples").glob("*.yaml")) + corpus.FILES
     for path in files:
         for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
             if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict) and "spec" in doc:

@@ -18,10 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from webhook.policy import engine
-from webhook.policy.model import Policy
-
-from .builders import (
+from tests.harness.manifests import (
     V1BETA1,
     Gpuguard,
     admission_review,
@@ -33,6 +30,8 @@ from .builders import (
     pod,
     well_formed,
 )
+from webhook.policy import engine
+from webhook.policy.model import Policy
 
 STARTUP_SECONDS = 30.0
 STOP_SECONDS = 35.0  # the server's own graceful-shutdown budget is 30 s

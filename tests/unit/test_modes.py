@@ -6,12 +6,7 @@ from typing import Any
 
 import pytest
 
-from webhook.admission import review
-from webhook.policy import engine
-from webhook.policy.facts import ClusterFacts, PriorityClassInfo
-from webhook.policy.model import RULE_IDS, Policy
-
-from .builders import (
+from tests.harness.manifests import (
     JSON,
     POLICY_ANNOTATION,
     RULES_ANNOTATION,
@@ -26,6 +21,10 @@ from .builders import (
     pod,
     validate_review,
 )
+from webhook.admission import review
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, PriorityClassInfo
+from webhook.policy.model import RULE_IDS, Policy
 
 CPU_ON_GPU_NODE = pod(container(limits={"cpu": "1"}), nodeSelector={"nvidia.com/gpu.product": "A100"})
 

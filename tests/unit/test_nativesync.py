@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from tests.harness.manifests import gpu_pod, job, make_policy, pod
 from webhook.controllers.nativesync import KEY, NativePolicies, owned_informers
 from webhook.kube.controller import TerminalError
 from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
@@ -32,7 +33,6 @@ from webhook.policy.nativesync import (
 )
 from webhook.policy.workload import JSON
 
-from .builders import gpu_pod, job, make_policy, pod
 from .wired import Listed, registry
 
 NAMESPACE = namespace_owner("gpuguard", "6c1f0e4e-uid")

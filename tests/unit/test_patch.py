@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.harness.manifests import apply, assert_same_json, canonical
 from webhook.policy import patch
-
-from .builders import apply, assert_same_json, canonical
 
 
 @pytest.mark.parametrize(

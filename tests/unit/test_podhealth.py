@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tests.harness.manifests import make_policy
 from webhook.controllers import series
 from webhook.policy.health import ladder, records, signals
 from webhook.policy.model import Policy
 
-from .builders import make_policy
 from .test_health import raw_node, raw_pod
 from .wired import NOW, RecordedEvictions, Wired
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.harness.manifests import make_policy
 from webhook.policy.model import (
     MUTATING_RULES,
     RULE_IDS,
@@ -18,8 +19,6 @@ from webhook.policy.model import (
     default_policy_text,
     parse_policy,
 )
-
-from .builders import make_policy
 
 
 def test_embedded_default_parses_and_matches_its_documentation() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.harness.manifests import defaulted_gpu_pod
 from webhook.policy import engine
 from webhook.policy.loader import MAX_DEPTH, MAX_TEXT_BYTES, MAX_VALUES
 from webhook.policy.model import (
@@ -15,8 +16,6 @@ from webhook.policy.model import (
     default_policy,
     parse_policy,
 )
-
-from .builders import defaulted_gpu_pod
 
 
 def refusal(text: str) -> str:

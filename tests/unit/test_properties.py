@@ -10,12 +10,7 @@ import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from webhook.admission import review
-from webhook.policy import engine
-from webhook.policy.facts import ClusterFacts, PriorityClassInfo
-from webhook.policy.model import Policy, default_policy
-
-from .builders import (
+from tests.harness.manifests import (
     GPU,
     JSON,
     NOT_READY,
@@ -29,6 +24,10 @@ from .builders import (
     pod_spec_errors,
     well_formed,
 )
+from webhook.admission import review
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, PriorityClassInfo
+from webhook.policy.model import Policy, default_policy
 
 POLICIES: list[Policy] = [
     default_policy(),

@@ -7,11 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from webhook.admission import review
-from webhook.policy import engine
-from webhook.policy.model import Policy
-
-from .builders import (
+from tests.harness.manifests import (
     V1,
     V1BETA1,
     admission_request,
@@ -27,6 +23,9 @@ from .builders import (
     templated,
     well_formed,
 )
+from webhook.admission import review
+from webhook.policy import engine
+from webhook.policy.model import Policy
 
 
 @pytest.mark.parametrize("api_version", [V1, V1BETA1])

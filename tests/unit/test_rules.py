@@ -6,11 +6,7 @@ from typing import Any
 
 import pytest
 
-from webhook.policy import engine
-from webhook.policy.facts import ClusterFacts, PriorityClassInfo
-from webhook.policy.model import Policy
-
-from .builders import (
+from tests.harness.manifests import (
     DEFAULTED_TOLERATIONS,
     GPU,
     JSON,
@@ -33,6 +29,9 @@ from .builders import (
     spec_of,
     templated,
 )
+from webhook.policy import engine
+from webhook.policy.facts import ClusterFacts, PriorityClassInfo
+from webhook.policy.model import Policy
 
 
 def toleration(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .builders import REPO_ROOT
+from tests.harness import REPO_ROOT
 
 STARTUP_SECONDS = 60.0  # includes sourcing venv.sh, which may have to reinstall after a pyproject edit
 LISTEN = "0A"  # the TCP state LISTEN in /proc/net/tcp

@@ -17,11 +17,11 @@ import httpx
 import pytest
 import yaml
 
+from tests.harness.manifests import Gpuguard, admission_review, defaulted_gpu_pod
 from webhook.policy.engine import Decision
 from webhook.processes import serve_workers
 from webhook.runtime.metrics import Metrics
 
-from .builders import Gpuguard, admission_review, defaulted_gpu_pod
 from .test_http import STOP_SECONDS, Server, metric_sample, start_server
 
 # Fresh connections per check: the kernel hands each to whichever worker accepts it first, so a check

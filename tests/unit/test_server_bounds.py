@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.manifests import admission_review, defaulted_gpu_pod, well_formed
 from webhook.admission.app import BODY_READ_SECONDS, MAX_BODY_BYTES
 from webhook.admission.server import HEADER_READ_SECONDS, MAX_CONNECTIONS, MAX_HEADER_BYTES, MAX_HEADERS
 
-from .builders import admission_review, defaulted_gpu_pod, well_formed
 from .test_http import STOP_SECONDS, Server, _read_until, start_server
 
 # How long a test waits for the server to act on a deadline of its own: generous, for a loaded machine.

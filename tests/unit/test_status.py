@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime
 
+from tests.harness.manifests import make_policy
 from webhook.cli import nodes as cli_nodes
 from webhook.controllers import status
 from webhook.controllers.breaker import BreakerState
 from webhook.policy.health import observed, records
 
-from .builders import make_policy
 from .test_health import pod, raw_node
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)

@@ -1,4 +1,4 @@
-"""The suite on a bare clone: what tests/gpuguard_suite.py makes a run say and do, with and without the
+"""The suite on a bare clone: what tests/harness/suite.py makes a run say and do, with and without the
 shared corpus beside the clone. Each case is a real pytest run in a copy of the suite's own setup."""
 
 from __future__ import annotations
@@ -9,19 +9,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.harness import REPO_ROOT
+
 CORPUS_TESTS = """
 import pytest
-import shared_corpus
+from tests.harness import corpus
 
 @pytest.mark.corpus
-@pytest.mark.parametrize("path", shared_corpus.FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", corpus.FILES, ids=lambda p: p.stem)
 def test_corpus_file(path):
     assert path.read_text()
 
 @pytest.mark.corpus
 def test_corpus_is_not_empty():
-    assert shared_corpus.FILES
+    assert corpus.FILES
 
 def test_of_the_project_itself():
     pass
@@ -32,10 +33,11 @@ def clone(tmp_path: Path) -> Path:
     """A clone with the suite's pytest setup and one test module, and nothing beside it."""
     root = tmp_path / "gpuguard"
     (root / "tests" / "controlplane").mkdir(parents=True)
+    (root / "tests" / "harness").mkdir()
     (root / "tests" / "unit").mkdir()
     shutil.copy(REPO_ROOT / "pyproject.toml", root)
-    for name in ("gpuguard_suite.py", "shared_corpus.py"):
-        shutil.copy(REPO_ROOT / "tests" / name, root / "tests")
+    for name in ("__init__.py", "harness/__init__.py", "harness/suite.py", "harness/corpus.py"):
+        shutil.copy(REPO_ROOT / "tests" / name, root / "tests" / name)
     shutil.copy(REPO_ROOT / "tests" / "controlplane" / "go.mod", root / "tests" / "controlplane")
     # In a tier's folder: pyproject.toml's testpaths name the tiers' folders, not tests/ itself.
     (root / "tests" / "unit" / "test_sample.py").write_text(CORPUS_TESTS)

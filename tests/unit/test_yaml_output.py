@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
+from tests.harness.manifests import EXAMPLES
 from webhook import cli
 from webhook.cli import yaml_output
-
-from .builders import EXAMPLES
 
 TRICKY = [
     "0o17", "017", "0x1F", "0b101", "1e3", "1E3", "-1e-3", "1_000", "1_000.5", ".5", "5.", "+12", "-0",
