@@ -294,7 +294,7 @@ def pod_review(node: str, uid: str = "3f1d2c4b-0000-4000-8000-00000000beef") -> 
             "priority": 0,
         },
     }
-    return payloads.admission_review(pod, group="", version="v1", kind="Pod", resource="pods", uid=uid)
+    return payloads.admission_review(pod, uid=uid)
 
 
 def denied(server: Server, body: bytes) -> bool:

@@ -12,7 +12,6 @@ import ssl
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -579,36 +578,6 @@ def dry_run_until(
                 f"{last.returncode}: {last.stderr.strip() or last.stdout[:500]}"
             )
         time.sleep(POLL_INTERVAL)
-
-
-def admission_review(
-    obj: Mapping[str, Any], *, operation: str = "CREATE", dry_run: bool = False
-) -> dict[str, Any]:
-    """An AdmissionReview v1 request for `obj`, as the API server sends it to a webhook (a dry run is
-    answered the same but left out of gpuguard's decision counters)."""
-    group, _, version = str(obj["apiVersion"]).rpartition("/")
-    metadata = obj.get("metadata") or {}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": group, "version": version, "kind": obj["kind"]},
-            "resource": {"group": group, "version": version, "resource": f"{str(obj['kind']).lower()}s"},
-            "namespace": metadata.get("namespace"),
-            "name": metadata.get("name"),
-            "operation": operation,
-            "userInfo": {"username": "e2e"},
-            "object": obj,
-            "dryRun": dry_run,
-        },
-    }
-
-
-def patch_of(response: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The JSON Patch of an AdmissionReview answer (`response.patch`, base64), empty without one."""
-    encoded = response.get("patch")
-    return json.loads(base64.b64decode(encoded)) if encoded else []
 
 
 class LiveWebhook:

@@ -223,6 +223,11 @@ def tolerations_for(obj: Any, key: str) -> list[JSON]:
 # --- AdmissionReviews -------------------------------------------------------------------------------
 
 
+# Who kube-apiserver names as the requester unless a builder says otherwise.
+USER_INFO: JSON = {"username": "alice", "groups": ["system:authenticated"]}
+CREATE_OPTIONS: JSON = {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+
+
 def _group_version_kind(obj: Any) -> JSON:
     api_version = obj.get("apiVersion", "v1") if isinstance(obj, dict) else "v1"
     group, _, version = api_version.rpartition("/")
@@ -235,32 +240,46 @@ def admission_request(
     *,
     uid: str = "0f6a1d5e-uid",
     operation: str = "CREATE",
-    namespace: str = "default",
+    namespace: str | None = None,
     dry_run: bool = False,
     old: Any = None,
+    user_info: JSON = USER_INFO,
+    options: JSON = CREATE_OPTIONS,
 ) -> JSON:
+    """The `request` of an AdmissionReview for `obj`, with every field kube-apiserver fills in; in the
+    object's namespace (or `default`) unless `namespace` says otherwise."""
     gvk = _group_version_kind(obj if obj is not None else old)
+    gvr = {"group": gvk["group"], "version": gvk["version"], "resource": gvk["kind"].lower() + "s"}
     metadata = (obj or {}).get("metadata", {}) if isinstance(obj, dict) else {}
     return {
         "uid": uid,
         "kind": gvk,
-        "resource": {"group": gvk["group"], "version": gvk["version"], "resource": gvk["kind"].lower() + "s"},
+        "resource": gvr,
         "requestKind": gvk,
+        "requestResource": gvr,
         "name": metadata.get("name", ""),
-        "namespace": namespace,
+        "namespace": namespace if namespace is not None else metadata.get("namespace", "default"),
         "operation": operation,
-        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "userInfo": user_info,
         "object": obj,
         "oldObject": old,
         "dryRun": dry_run,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        "options": options,
+    }
+
+
+def admission_review_json(obj: Any, *, api_version: str = V1, **request_fields: Any) -> JSON:
+    """An AdmissionReview for `obj`, as kube-apiserver posts it, parsed."""
+    return {
+        "apiVersion": api_version,
+        "kind": "AdmissionReview",
+        "request": admission_request(obj, **request_fields),
     }
 
 
 def admission_review(obj: Any, *, api_version: str = V1, **request_fields: Any) -> bytes:
     """An AdmissionReview body for `obj`, as kube-apiserver posts it."""
-    request = admission_request(obj, **request_fields)
-    return orjson.dumps({"apiVersion": api_version, "kind": "AdmissionReview", "request": request})
+    return orjson.dumps(admission_review_json(obj, api_version=api_version, **request_fields))
 
 
 def well_formed(body: bytes) -> JSON:

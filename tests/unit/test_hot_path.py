@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from tests.harness import REPO_ROOT, corpus
+from tests.harness.manifests import admission_review_json
 from webhook.admission import review
 from webhook.policy import engine, patch
 from webhook.policy.facts import NO_FACTS, ClusterFacts, NodeInfo, PriorityClassInfo
@@ -352,26 +353,9 @@ FACTS = {
 }
 
 
-def admission_review(obj: JSON, uid: str = "0d6b0ad4-1f3e-4a53-9d4c-6b2f5c3e9a10") -> JSON:
-    group = split_api_version(obj.get("apiVersion"))
-    kind = {"group": group, "version": "v1", "kind": obj.get("kind")}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": kind,
-            "requestKind": kind,
-            "resource": {"group": group, "version": "v1", "resource": "things"},
-            "namespace": NAMESPACE,
-            "operation": "CREATE",
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-            "object": obj,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
-        },
-    }
+def admission_review(obj: JSON) -> JSON:
+    """The review of `obj` in the namespace the cluster facts know."""
+    return admission_review_json(obj, namespace=NAMESPACE)
 
 
 def padded(request: JSON, fields: int = PADDING_FIELDS) -> JSON:
