@@ -34,6 +34,7 @@ from tests.harness.controllers import (
     NAMESPACE,
     ControllersProcess,
     Kubelet,
+    Start,
     eventually,
     fast_policy,
     install_rbac,
@@ -41,6 +42,7 @@ from tests.harness.controllers import (
     reasons,
     record,
     service_account_kubeconfig,
+    start_fixture,
     taints,
 )
 from tests.harness.controlplane import ControlPlane, without_proxies
@@ -49,8 +51,6 @@ from webhook.policy.health import fences, observed, signals
 
 TAINT = f"{observed.TAINT_KEY}:NoSchedule"
 STATE_CONFIGMAP = "gpuguard-remediation"
-
-Start = Callable[..., ControllersProcess]
 
 
 @pytest.fixture(scope="module")
@@ -93,27 +93,12 @@ def ns(cluster: ControlPlane, test_id: str) -> Iterator[str]:
     cluster.kubectl("delete", "namespace", test_id, "--wait=false", check=False)
 
 
-@pytest.fixture
-def start(cluster: ControlPlane, kubeconfig: Path, tmp_path: Path) -> Iterator[Start]:
-    """Starts controllers with a policy and waits until one leads; all stopped after the test, and the
-    breaker's state (fleet-wide) removed."""
-    started: list[ControllersProcess] = []
+def forget_the_breaker(cluster: ControlPlane) -> None:
+    """The breaker's state is fleet-wide: each test starts with none."""
+    cluster.kubectl("delete", "configmap", STATE_CONFIGMAP, "-n", NAMESPACE, "--ignore-not-found")
 
-    def start_one(policy: dict[str, Any], identity: str = "a", *, lead: bool = True) -> ControllersProcess:
-        process = ControllersProcess(tmp_path / identity, kubeconfig, policy, identity=identity)
-        started.append(process)
-        process.start()
-        process.wait_ready()
-        if lead:
-            process.wait_leading()
-        return process
 
-    try:
-        yield start_one
-    finally:
-        for process in started:
-            process.stop()
-        cluster.kubectl("delete", "configmap", STATE_CONFIGMAP, "-n", NAMESPACE, "--ignore-not-found")
+start = start_fixture(forget_the_breaker)
 
 
 # --- nodes ---------------------------------------------------------------------------------------------

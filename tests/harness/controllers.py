@@ -17,10 +17,11 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.harness import REPO_ROOT
@@ -620,6 +621,43 @@ class ControllersProcess:
 
     def exit_code(self) -> int | None:
         return None if self._process is None else self._process.popen.poll()
+
+
+Start = Callable[..., ControllersProcess]
+
+
+def start_fixture(cleanup: Callable[[ControlPlane], None], **process_options: Any) -> Any:
+    """A `start` fixture for a test module whose tests start controllers (`start = start_fixture(...)`),
+    over its `cluster` and `kubeconfig` fixtures. `start(policy, identity, lead=True)` starts a process
+    with `process_options`, waits until it serves and, with `lead`, until it holds the Lease. After the
+    test every process started is stopped, and `cleanup` removes what they leave in the cluster for
+    the next test (state that outlives a process by design: a Lease, the breaker's ConfigMap, ...)."""
+
+    @pytest.fixture
+    def start(cluster: ControlPlane, kubeconfig: Path, tmp_path: Path) -> Iterator[Start]:
+        started: list[ControllersProcess] = []
+
+        def start_one(
+            policy: JSON | None = None, identity: str = "a", *, lead: bool = True
+        ) -> ControllersProcess:
+            process = ControllersProcess(
+                tmp_path / identity, kubeconfig, policy or {}, identity=identity, **process_options
+            )
+            started.append(process)
+            process.start()
+            process.wait_ready()
+            if lead:
+                process.wait_leading()
+            return process
+
+        try:
+            yield start_one
+        finally:
+            for process in started:
+                process.stop()
+            cleanup(cluster)
+
+    return start
 
 
 def eventually(
