@@ -44,7 +44,7 @@ import orjson
 import yaml
 
 from bench import FLOOR_MISSED, payloads
-from bench.bench import (
+from bench.common import (
     busy_seconds,
     cpu_model,
     fmt_ms,
@@ -296,7 +296,7 @@ class Extension:
 
 @dataclass
 class Meter:
-    """A running process of the bench's own, for CPU accounting (bench.bench.CpuMeter)."""
+    """A running process of the bench's own, for CPU accounting (bench.common.CpuMeter)."""
 
     pid: int
 

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from bench import FLOOR_MISSED
-from bench.bench import rss_mb
+from bench.common import rss_mb
 from tests.harness import REPO_ROOT
 from tests.harness.controllers import PLUGIN_NAMESPACE, device_plugin_pod
 from tests.harness.controlplane import LOOPBACK, ControlPlane, free_ports, http_get, spawn, without_proxies

@@ -40,9 +40,9 @@ from typing import Any
 import orjson
 
 from bench import FLOOR_MISSED, payloads
-from bench.bench import SERVER_CORE, WRK_SCRIPT, Load, Server, _free_port, rss_mb, wrk
+from bench.common import SERVER_CORE, WRK_SCRIPT, Load, Server, rss_mb, wrk
 from tests.harness import REPO_ROOT
-from tests.harness.controlplane import ControlPlane
+from tests.harness.controlplane import ControlPlane, free_ports
 from webhook.policy.model import default_policy
 
 FLEET_NODES = 5_000
@@ -354,7 +354,7 @@ class Guard:
 
     def server(self, gpuguard: str) -> Server:
         self.starts += 1
-        port = _free_port()
+        (port,) = free_ports(1)
         certs = self.work / "certs"
         argv = [gpuguard, "serve", "--host", "127.0.0.1", "--port", str(port), "--cert-dir", str(certs)]
         argv += ["--cluster-lookups", "on", "--kubeconfig", str(self.plane.kubeconfig)]
