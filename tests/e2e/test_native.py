@@ -42,7 +42,7 @@ from tests.harness.admission import (
     submit,
 )
 from tests.harness.controlplane import ControlPlane
-from tests.unit.test_properties import workloads
+from tests.unit.policy.test_properties import workloads
 from webhook.policy.model import Policy, default_policy, parse_policy
 from webhook.policy.native import compile_policy
 

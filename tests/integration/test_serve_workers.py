@@ -18,11 +18,10 @@ import pytest
 import yaml
 
 from tests.harness.manifests import Gpuguard, admission_review, defaulted_gpu_pod
+from tests.integration.test_http import STOP_SECONDS, Server, metric_sample, start_server
 from webhook.policy.engine import Decision
 from webhook.processes import serve_workers
 from webhook.runtime.metrics import Metrics
-
-from .test_http import STOP_SECONDS, Server, metric_sample, start_server
 
 # Fresh connections per check: the kernel hands each to whichever worker accepts it first, so a check
 # repeated over this many sees every worker of two with near certainty (1 - 2**-39 for a fair split).

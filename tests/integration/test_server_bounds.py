@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness.manifests import admission_review, defaulted_gpu_pod, well_formed
+from tests.integration.test_http import STOP_SECONDS, Server, _read_until, start_server
 from webhook.admission.app import BODY_READ_SECONDS, MAX_BODY_BYTES
 from webhook.admission.server import HEADER_READ_SECONDS, MAX_CONNECTIONS, MAX_HEADER_BYTES, MAX_HEADERS
-
-from .test_http import STOP_SECONDS, Server, _read_until, start_server
 
 # How long a test waits for the server to act on a deadline of its own: generous, for a loaded machine.
 PATIENCE = max(HEADER_READ_SECONDS, BODY_READ_SECONDS) + 50.0

@@ -22,10 +22,9 @@ import yaml
 
 from tests.harness import REPO_ROOT
 from tests.harness.manifests import EXAMPLES
+from tests.integration.test_http import start_server
 from webhook import cli
 from webhook.policy.model import RULE_IDS
-
-from .test_http import start_server
 
 README = REPO_ROOT / "README.md"
 SESSION_TIMEOUT_SECONDS = 120

@@ -1,6 +1,6 @@
 """The admission app's body deadline, in-process: a body that does not arrive in time is answered 408
 with the uid read so far, and a cancellation from elsewhere (the server stopping) is not mistaken for the
-deadline. The real server's slow clients are tests/unit/test_server_bounds.py's."""
+deadline. The real server's slow clients are tests/integration/test_server_bounds.py's."""
 
 from __future__ import annotations
 

@@ -12,13 +12,12 @@ import datetime
 from typing import Any
 
 from tests.harness.manifests import make_policy
+from tests.harness.wired import NOW, Wired
+from tests.unit.policy.test_health import raw_device_plugin, raw_node, raw_pod
 from webhook.controllers.fleet import DeviceReports
 from webhook.kube.informer import Change
 from webhook.policy.health import observed
 from webhook.policy.model import Policy
-
-from .test_health import raw_device_plugin, raw_node, raw_pod
-from .wired import NOW, Wired
 
 CLAIM = "claim:gpu/req"
 DEVICE = "k8s.gpu.nvidia.com/claim=uid-gpu-0"

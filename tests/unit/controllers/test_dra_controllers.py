@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from tests.harness.manifests import make_policy
+from tests.harness.wired import Wired
+from tests.unit.policy.test_health import raw_node, raw_pod
+from tests.unit.policy.test_health_dra import DRIVER, raw_claim, raw_slice, tainted
 from webhook.policy.health import fences, observed
-
-from .test_health import raw_node, raw_pod
-from .test_health_dra import DRIVER, raw_claim, raw_slice, tainted
-from .wired import Wired
 
 ENFORCE = make_policy(
     {

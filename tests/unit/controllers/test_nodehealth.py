@@ -13,14 +13,13 @@ from typing import Any
 import pytest
 
 from tests.harness.manifests import make_policy
+from tests.harness.wired import NOW, Wired
+from tests.unit.policy.test_health import GPU, raw_node
 from webhook.controllers.nodehealth import CONFLICT_RECHECK_SECONDS
 from webhook.kube.informer import Change
 from webhook.kube.remediation import ConflictError, NotFoundError
 from webhook.policy.health import observed, records, signals
 from webhook.policy.model import Policy
-
-from .test_health import GPU, raw_node
-from .wired import NOW, Wired
 
 ENFORCE = make_policy({"health": {"mode": "enforce", "signals": {"deviceGap": {"forSeconds": 0}}}})
 

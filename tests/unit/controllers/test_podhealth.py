@@ -8,12 +8,11 @@ import dataclasses
 from typing import Any
 
 from tests.harness.manifests import make_policy
+from tests.harness.wired import NOW, RecordedEvictions, Wired
+from tests.unit.policy.test_health import raw_node, raw_pod
 from webhook.controllers import series
 from webhook.policy.health import ladder, records, signals
 from webhook.policy.model import Policy
-
-from .test_health import raw_node, raw_pod
-from .wired import NOW, RecordedEvictions, Wired
 
 UNHEALTHY = [("GPU-1", "Unhealthy")]
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import datetime
 
 from tests.harness.manifests import make_policy
+from tests.unit.policy.test_health import pod, raw_node
 from webhook.cli import nodes as cli_nodes
 from webhook.controllers import status
 from webhook.controllers.breaker import BreakerState
 from webhook.policy.health import observed, records
-
-from .test_health import pod, raw_node
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 POLICY = make_policy({"health": {"mode": "enforce", "budget": {"maxUnhealthy": 1}}})

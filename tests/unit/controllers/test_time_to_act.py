@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 
+from tests.harness.wired import NOW, Wired
+from tests.unit.controllers.test_nodehealth import ENFORCE
+from tests.unit.policy.test_health import GPU, raw_node, raw_pod
 from webhook.controllers import series
 from webhook.kube.remediation import ConflictError
 from webhook.policy.health import records
 from webhook.runtime.metrics import Registry
-
-from .test_health import GPU, raw_node, raw_pod
-from .test_nodehealth import ENFORCE
-from .wired import NOW, Wired
 
 FIRST_SIGHT = NOW - datetime.timedelta(seconds=700)
 GAP = f"deviceGap/{GPU}"

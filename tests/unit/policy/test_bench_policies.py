@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.harness import REPO_ROOT
 from webhook.policy.model import Policy
 from webhook.policy.rules import READINESS_TAINT_KEYS
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = REPO_ROOT / "bench"
 MANIFEST = BENCH / "map" / "readiness-tolerations.yaml"
 KYVERNO = BENCH / "kyverno" / "readiness-tolerations.yaml"
 NAMES = [

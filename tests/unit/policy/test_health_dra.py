@@ -8,12 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tests.harness.manifests import make_policy
+from tests.unit.policy.test_health import FREE, NOW, actions, applied, enforcing, later, node, pod
 from webhook.cli import nodes
 from webhook.controllers.breaker import BreakerState
 from webhook.controllers.status import Row
 from webhook.policy.health import fences, ladder, observed, podverdicts, records, signals
-
-from .test_health import FREE, NOW, actions, applied, enforcing, later, node, pod
 
 JSON = dict[str, Any]
 DRIVER = "gpu.example.com"

@@ -16,10 +16,7 @@ from typing import Any
 import pytest
 
 from tests.harness.manifests import make_policy
-from webhook.policy.health import ladder, observed, records
-from webhook.policy.model import PolicyError, default_policy
-
-from .test_health import (
+from tests.unit.policy.test_health import (
     ENFORCE,
     FREE,
     GPU,
@@ -33,6 +30,8 @@ from .test_health import (
     raw_node,
     seen,
 )
+from webhook.policy.health import ladder, observed, records
+from webhook.policy.model import PolicyError, default_policy
 
 GAP = f"deviceGap/{GPU}"
 MISSING = f"deviceMissing/{GPU}"

@@ -10,10 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.harness.manifests import make_policy
-from webhook.policy.health import ladder, observed, podverdicts, records, signals
-from webhook.policy.model import Policy
-
-from .test_health import (
+from tests.unit.policy.test_health import (
     ENFORCE,
     FREE,
     GPU,
@@ -28,6 +25,8 @@ from .test_health import (
     raw_node,
     raw_pod,
 )
+from webhook.policy.health import ladder, observed, podverdicts, records, signals
+from webhook.policy.model import Policy
 
 CLAIM = "claim:gpu/req"
 DEVICE = "k8s.gpu.nvidia.com/claim=uid-gpu-0"

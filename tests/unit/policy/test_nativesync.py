@@ -13,6 +13,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from tests.harness.manifests import gpu_pod, job, make_policy, pod
+from tests.harness.wired import Listed, registry
 from webhook.controllers.nativesync import KEY, NativePolicies, owned_informers
 from webhook.kube.controller import TerminalError
 from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
@@ -32,8 +33,6 @@ from webhook.policy.nativesync import (
     wanted,
 )
 from webhook.policy.workload import JSON
-
-from .wired import Listed, registry
 
 NAMESPACE = namespace_owner("gpuguard", "6c1f0e4e-uid")
 
