@@ -1,5 +1,5 @@
-"""The test harness the unit, e2e and node tiers and the bench share (as controller-runtime's envtest is a
-library, not a test): import it as `tests.harness.<module>`, from the repository root.
+"""The test harness the unit, integration, e2e and node tiers and the bench share (as controller-runtime's
+envtest is a library, not a test): import it as `tests.harness.<module>`, from the repository root.
 
 Builders, pure:
   manifests.py      pods, Jobs, CronJobs and AdmissionReviews shaped as the API server sends them,
@@ -8,13 +8,14 @@ Builders, pure:
   third_party.py    the shared third-party sources (JobSet), unpacked into the cache
 The control plane and gpuguard on it:
   controlplane.py   etcd + kube-apiserver on loopback (envtest's shape), kubectl, processes, waiting
-  admission.py      `gpuguard serve` as a process, registered as the cluster's admission webhook
+  admission.py      `gpuguard serve` as a process, registered as the cluster's admission webhook, and
+                    the named objects the e2e and node tiers submit (gpu_pod(name, namespace), ...)
   controllers.py    `gpuguard controllers` with the test in the kubelet's place
-  install.py        deploy/ applied, replicas run as its ServiceAccount
+  install.py        the deploy folder applied, replicas run as its ServiceAccount
   chart.py          Helm and the chart
   jobset.py         JobSet's CRD and controller manager
   scheduling.py     a scheduler of the tests' own, nodes that are API objects only
-  crds/             the CRDs the tests install (PolicyReports, structural workload kinds)
+  (the CRDs the tests install, PolicyReports and structural workload kinds, are in the crds folder)
 Real nodes (the node tier):
   node.py           kubelet + containerd in a private mount namespace and cgroup tree
   images.py         container images built without a registry
@@ -25,6 +26,9 @@ Real nodes (the node tier):
 The run:
   suite.py          the suite's pytest plugin (`-p tests.harness.suite`): header, corpus, summary
   session.py        building the Go binaries, writing past pytest's capture
+The unit tier's seams:
+  wired.py          both controllers wired as in production over real informers on listed objects,
+                    writes and Events recorded, a clock the test moves
 """
 
 from pathlib import Path

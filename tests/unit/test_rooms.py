@@ -63,3 +63,9 @@ def test_the_unit_tests_mirror_the_rooms() -> None:
     rooms = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
     assert {folder.name for folder in folders} <= rooms
     assert all((folder / "__init__.py").is_file() for folder in folders)
+
+
+def test_the_harness_names_every_module() -> None:
+    harness = PACKAGE.parent / "tests" / "harness"
+    docstring = ast.get_docstring(ast.parse((harness / "__init__.py").read_text(encoding="utf-8"))) or ""
+    assert named(docstring) == contents(harness)
