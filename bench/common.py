@@ -33,23 +33,13 @@ import orjson
 
 T = TypeVar("T")
 
-
 SERVER_CORE = "1"
-
-
 LOAD_CORE = "0"
-
-
 GPU_POD = "10 KB GPU pod"
-
-
 SATURATION_CONNECTIONS = 16
-
-
 # A floor measurement during which other processes took more than this share of a core is taken again
 # once the machine is quiet (at most twice more); the least disturbed attempt is kept and its share shown.
 NOISE_LIMIT = 0.15
-
 
 WRK_SCRIPT = """\
 wrk.method = "POST"
@@ -66,6 +56,9 @@ done = function(summary, latency, requests)
     e.connect, e.read, e.write, e.status, e.timeout))
 end
 """
+
+
+# --- load generators -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -146,6 +139,9 @@ def hey(url: str, body: Path, *, rate: int, workers: int, seconds: int) -> Load:
         p99_ms=number(r"99% in ([\d.]+) secs") * 1e3,
         errors=failed + statuses - ok,
     )
+
+
+# --- servers ---------------------------------------------------------------------------------------------
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -275,6 +271,9 @@ def peak_rss(pid: int, out: list[float]) -> Iterator[None]:
         out.append(peak[0])
 
 
+# --- a quiet machine -------------------------------------------------------------------------------------
+
+
 def busy_seconds() -> tuple[float, float]:
     """(CPU seconds all processes used, seconds the hypervisor stole) since boot, from /proc/stat."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -354,6 +353,9 @@ def quietly(
     return best
 
 
+# --- the report ------------------------------------------------------------------------------------------
+
+
 def fmt_ms(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
@@ -409,6 +411,9 @@ def floor_table(checks: Sequence[tuple[str, str, bool]]) -> list[str]:
         "|---|---|---|",
         *(f"| {name} | {measured} | {'met' if met else '**missed**'} |" for name, measured, met in checks),
     ]
+
+
+# --- the start of a bench --------------------------------------------------------------------------------
 
 
 def _preflight() -> None:

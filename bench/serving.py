@@ -17,7 +17,6 @@ import math
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,59 +53,25 @@ from bench.common import (
 from tests.harness.controlplane import free_ports
 
 BIG_POD = "1 MB GPU pod"
-
-
 STORM_CONNECTIONS = 200
-
-
 RATE = 1_000
-
-
 RATE_WORKERS = 10  # hey: -q is per worker, so 10 workers at 100 req/s each
-
-
 GROWTH_SIZES = (1, 10, 100, 1024)  # KiB
-
-
 OVERRIDES = 1_000
-
 
 # The floors for one worker (bench/README.md).
 # What serving costs over the engine (docs/design/2026-12-02-performance-floors.md): the engine
 # in-process, and what serving it adds over a bare echo of the same body.
 FLOOR_REVIEW_US = 100.0
-
-
 FLOOR_SERVE_OVER_PARTS = 1.5
-
-
 REVIEW_CALLS = 2_000
-
-
 FLOOR_C1_P99_MS = 1.0
-
-
 FLOOR_RATE_P99_MS = 5.0
-
-
 FLOOR_IDLE_RSS_MB = 64.0
-
-
 FLOOR_STARTUP_S = 1.0
-
-
 # The API server keeps idle webhook connections 90 s (Go's IdleConnTimeout): ours must outlast that.
 API_SERVER_IDLE_S = 90.0
-
-
 POLICY_TOLERANCE = 1.15  # c=1 p50 with 1,000 overrides over p50 without: noise, not growth
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class IdleConnection:
@@ -148,6 +113,9 @@ class IdleConnection:
         """(reused, seconds idle); waits for the second request when the run was shorter than `idle_s`."""
         self.thread.join()
         return self.outcome
+
+
+# --- the run ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -549,6 +517,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
     results.other_cpu_s = max(0.0, busy_after - busy_before - (own_seconds() - own_before))
     results.steal_s = steal_after - steal_before
     return results
+
+
+# --- the report ------------------------------------------------------------------------------------------
 
 
 def _size(n: int) -> str:
