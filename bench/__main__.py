@@ -1,5 +1,5 @@
 import sys
 
-from bench.bench import main
+from bench.serving import main
 
 sys.exit(main())

@@ -44,7 +44,7 @@ import orjson
 import yaml
 
 from bench import FLOOR_MISSED, payloads
-from bench.bench import (
+from bench.common import (
     busy_seconds,
     cpu_model,
     fmt_ms,
@@ -53,15 +53,9 @@ from bench.bench import (
     quietly,
     wait_for_quiet,
 )
-from webhook.certs.files import CA_FILE
-from webhook.policy.model import Accelerators, default_policy
-from webhook.policy.native import compile_policy
-from webhook.policy.workload import accelerator_resources
-
-REPO = Path(__file__).resolve().parents[1]
-# The end-to-end harness is the bench's too: the same control plane, deploy/ install and gpuguard replica.
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-from controlplane import (  # noqa: E402
+from tests.harness import REPO_ROOT, corpus
+from tests.harness.admission import READINESS_KEYS, metric_samples, readiness_tolerations
+from tests.harness.controlplane import (
     LOOPBACK,
     ControlPlane,
     free_ports,
@@ -70,7 +64,7 @@ from controlplane import (  # noqa: E402
     wait_until,
     without_proxies,
 )
-from install_harness import (  # noqa: E402
+from tests.harness.install import (
     CONFIGURATION_KINDS,
     DEPLOY,
     ENDPOINTS,
@@ -80,16 +74,14 @@ from install_harness import (  # noqa: E402
     route_to,
     service_account_kubeconfig,
 )
-from webhook_harness import READINESS_KEYS, metric_samples, readiness_tolerations  # noqa: E402
+from webhook.certs.files import CA_FILE
+from webhook.policy.model import Accelerators, default_policy
+from webhook.policy.native import compile_policy
+from webhook.policy.workload import accelerator_resources
 
 JSON = dict[str, Any]
-# Beside the clone, or higher up for a worktree (as tests/shared_corpus.py finds it).
-CORPUS = next(
-    (path / "shared" / "corpus" for path in REPO.parents if (path / "shared" / "corpus").is_dir()),
-    REPO.parent / "shared" / "corpus",
-)
-MAP_MANIFEST = REPO / "bench" / "map" / "readiness-tolerations.yaml"
-KYVERNO_POLICY = REPO / "bench" / "kyverno" / "readiness-tolerations.yaml"
+MAP_MANIFEST = REPO_ROOT / "bench" / "map" / "readiness-tolerations.yaml"
+KYVERNO_POLICY = REPO_ROOT / "bench" / "kyverno" / "readiness-tolerations.yaml"
 # What selects each extension's namespace: the webhook configurations' and the binding's namespaceSelector.
 GPUGUARD_LABEL = "bench.gpuguard.io/gpuguard"
 MAP_LABEL = "bench.gpuguard.io/map"
@@ -304,7 +296,7 @@ class Extension:
 
 @dataclass
 class Meter:
-    """A running process of the bench's own, for CPU accounting (bench.bench.CpuMeter)."""
+    """A running process of the bench's own, for CPU accounting (bench.common.CpuMeter)."""
 
     pid: int
 
@@ -371,7 +363,7 @@ def install_no_op_webhooks(plane: ControlPlane, work: Path, stack: ExitStack) ->
     (port,) = free_ports(1)
     argv: list[str | Path] = [sys.executable, "-m", "bench.echo", "--work", "allow"]
     argv += ["--port", str(port), "--cert-dir", certs]
-    process = spawn(argv, work / "no-op.log", os.environ, cwd=REPO)
+    process = spawn(argv, work / "no-op.log", os.environ, cwd=REPO_ROOT)
     stack.callback(process.stop)
     context = ssl.create_default_context(cafile=str(certs / CA_FILE))
     wait_until(
@@ -1180,7 +1172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="runs of a measurement at most, while other processes take over 15%% of a core (default 3)",
     )
     parser.add_argument("--warmup", type=float, default=1, help="seconds of warm-up before each run")
-    parser.add_argument("--corpus", type=Path, default=CORPUS, help=f"GPU manifests (default {CORPUS})")
+    parser.add_argument(
+        "--corpus", type=Path, default=corpus.CORPUS, help=f"GPU manifests (default {corpus.CORPUS})"
+    )
     parser.add_argument(
         "--kyverno",
         type=Path,

@@ -1,6 +1,6 @@
 """What `gpuguard audit` costs on a cluster of a thousand workloads (the figure docs/performance.md states).
 
-Starts the end-to-end control plane (etcd + kube-apiserver, tests/e2e/controlplane.py) with the Policy
+Starts the end-to-end control plane (etcd + kube-apiserver, tests/harness/controlplane.py) with the Policy
 WG's PolicyReport CRDs, fills it as a cluster of ten teams would be, and times the command as a user
 runs it (a fresh process, Kubernetes client start-up included): on the empty cluster first, which is
 the fixed cost, then on the full one, printing a table and the run's conditions.
@@ -29,13 +29,10 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tests" / "e2e"))
-
-from controlplane import ControlPlane, without_proxies  # noqa: E402
-
-from webhook.policy import engine  # noqa: E402
-from webhook.policy.model import default_policy  # noqa: E402
+from tests.harness import REPO_ROOT
+from tests.harness.controlplane import ControlPlane, without_proxies
+from webhook.policy import engine
+from webhook.policy.model import default_policy
 
 IMAGE = "registry.k8s.io/pause:3.10"
 TEAMS = 10

@@ -36,15 +36,12 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tests" / "e2e"))
-
-from controllers_harness import PLUGIN_NAMESPACE, device_plugin_pod  # noqa: E402
-from controlplane import LOOPBACK, ControlPlane, free_ports, http_get, spawn, without_proxies  # noqa: E402
-
-from bench import FLOOR_MISSED  # noqa: E402
-from bench.bench import rss_mb  # noqa: E402
-from webhook.policy.health import fences, observed, records  # noqa: E402
+from bench import FLOOR_MISSED
+from bench.common import rss_mb
+from tests.harness import REPO_ROOT
+from tests.harness.controllers import PLUGIN_NAMESPACE, device_plugin_pod
+from tests.harness.controlplane import LOOPBACK, ControlPlane, free_ports, http_get, spawn, without_proxies
+from webhook.policy.health import fences, observed, records
 
 GPU = "nvidia.com/gpu"
 DRA_DRIVER = "gpu.example.com"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench import FLOOR_MISSED, payloads
-from bench.bench import (
+from bench.common import (
     GPU_POD,
     SATURATION_CONNECTIONS,
     SERVER_CORE,
@@ -34,7 +34,6 @@ from bench.bench import (
     Load,
     SaturatedRuns,
     Server,
-    _free_port,
     begin,
     command_line,
     floor_table,
@@ -44,6 +43,7 @@ from bench.bench import (
     saturated_header,
     wrk,
 )
+from tests.harness.controlplane import free_ports
 
 FLOOR_SCALING = 1.7  # two workers' saturated throughput over one worker's
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
     servers: list[Workers] = []
 
     def server(setup: Setup) -> Workers:
-        port = _free_port()
+        (port,) = free_ports(1)
         argv = [gpuguard, "serve", "--host", "127.0.0.1", "--port", str(port), "--cert-dir", str(certs)]
         argv += ["--cluster-lookups", "off", "--workers", str(setup.workers)]
         cores = SERVER_CORE if setup.workers == 1 else "0,1"

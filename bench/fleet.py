@@ -40,12 +40,10 @@ from typing import Any
 import orjson
 
 from bench import FLOOR_MISSED, payloads
-from bench.bench import SERVER_CORE, WRK_SCRIPT, Load, Server, _free_port, rss_mb, wrk
+from bench.common import SERVER_CORE, WRK_SCRIPT, Load, Server, rss_mb, wrk
+from tests.harness import REPO_ROOT
+from tests.harness.controlplane import ControlPlane, free_ports
 from webhook.policy.model import default_policy
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-from controlplane import ControlPlane  # noqa: E402  (tests/e2e is not a package)
 
 FLEET_NODES = 5_000
 LARGE_FLEET = 20_000
@@ -296,7 +294,7 @@ def pod_review(node: str, uid: str = "3f1d2c4b-0000-4000-8000-00000000beef") -> 
             "priority": 0,
         },
     }
-    return payloads.admission_review(pod, group="", version="v1", kind="Pod", resource="pods", uid=uid)
+    return payloads.admission_review(pod, uid=uid)
 
 
 def denied(server: Server, body: bytes) -> bool:
@@ -356,7 +354,7 @@ class Guard:
 
     def server(self, gpuguard: str) -> Server:
         self.starts += 1
-        port = _free_port()
+        (port,) = free_ports(1)
         certs = self.work / "certs"
         argv = [gpuguard, "serve", "--host", "127.0.0.1", "--port", str(port), "--cert-dir", str(certs)]
         argv += ["--cluster-lookups", "on", "--kubeconfig", str(self.plane.kubeconfig)]
@@ -624,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=10, help="seconds per latency measurement")
     parser.add_argument("--gpuguard", default=str(Path(sys.executable).with_name("gpuguard")))
     parser.add_argument("--compare", metavar="GPUGUARD", help="also start this gpuguard (another build)")
-    parser.add_argument("--k8s-bin", default=str(REPO / ".cache" / "k8s-bin" / "v1.37.2"))
+    parser.add_argument("--k8s-bin", default=str(REPO_ROOT / ".cache" / "k8s-bin" / "v1.37.2"))
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)
     say: Callable[[str], None] = lambda text: print(f"fleet: {text}", file=sys.stderr, flush=True)  # noqa: E731

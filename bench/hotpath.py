@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench import FLOOR_MISSED, payloads
-from bench.bench import (
+from bench.common import (
     GPU_POD,
     SATURATION_CONNECTIONS,
     SERVER_CORE,
@@ -38,7 +38,6 @@ from bench.bench import (
     Load,
     SaturatedRuns,
     Server,
-    _free_port,
     begin,
     command_line,
     floor_table,
@@ -46,6 +45,7 @@ from bench.bench import (
     saturated_header,
     wrk,
 )
+from tests.harness.controlplane import free_ports
 
 FLOOR_LOG_LINE_US = 10.0
 FLOOR_RATIO = 0.35  # gpuguard's saturated /mutate req/s over the decoding echo's
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> Results:
     line_us = log_line_us(body.read_bytes(), work / "stderr.log", args.log_calls)
 
     def server(name: str, *argv: str) -> Server:
-        port = _free_port()
+        (port,) = free_ports(1)
         command = [*argv, "--host", "127.0.0.1", "--port", str(port), "--cert-dir", str(certs)]
         return Server(name, command, port=port, ca=certs / "ca.crt", log=work / f"{name}.log")
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from tests.harness import manifests
+
 JSON = dict[str, Any]
 
 NAMESPACE = "ml-team"
@@ -20,54 +22,21 @@ USER = "system:serviceaccount:kube-system:job-controller"
 KIB = 1024
 
 
-def admission_review(
-    obj: JSON,
-    *,
-    group: str,
-    version: str,
-    kind: str,
-    resource: str,
-    uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002",
-    namespace: str = NAMESPACE,
-    operation: str = "CREATE",
-) -> JSON:
+# A CREATE by the Job controller's ServiceAccount, through kubectl's field manager: what a real review names.
+USER_INFO: JSON = {
+    "username": USER,
+    "uid": "c3d43d5b-7a5e-4d40-9d52-3b3f8b3a9f1e",
+    "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+    "extra": {"authentication.kubernetes.io/credential-id": ["JTI=6d4b4b1e-0c8a-4c8e-9d1e-0e3e1c8f5a2b"]},
+}
+OPTIONS: JSON = {**manifests.CREATE_OPTIONS, "fieldManager": "kubectl-create"}
+
+
+def admission_review(obj: JSON, *, uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002") -> JSON:
     """An admission.k8s.io/v1 review of `obj` with every field the API server fills in for a CREATE."""
-    gvk = {"group": group, "version": version, "kind": kind}
-    gvr = {"group": group, "version": version, "resource": resource}
-    return {
-        "kind": "AdmissionReview",
-        "apiVersion": "admission.k8s.io/v1",
-        "request": {
-            "uid": uid,
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": obj["metadata"].get("name", ""),
-            "namespace": namespace,
-            "operation": operation,
-            "userInfo": {
-                "username": USER,
-                "uid": "c3d43d5b-7a5e-4d40-9d52-3b3f8b3a9f1e",
-                "groups": [
-                    "system:serviceaccounts",
-                    "system:serviceaccounts:kube-system",
-                    "system:authenticated",
-                ],
-                "extra": {
-                    "authentication.kubernetes.io/credential-id": ["JTI=6d4b4b1e-0c8a-4c8e-9d1e-0e3e1c8f5a2b"]
-                },
-            },
-            "object": obj,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {
-                "kind": "CreateOptions",
-                "apiVersion": "meta.k8s.io/v1",
-                "fieldManager": "kubectl-create",
-            },
-        },
-    }
+    return manifests.admission_review_json(
+        obj, uid=uid, namespace=NAMESPACE, user_info=USER_INFO, options=OPTIONS
+    )
 
 
 def _service_account_volume(suffix: str) -> JSON:
@@ -221,7 +190,7 @@ def gpu_pod(*, env: int = 2) -> JSON:
         "metadata": _metadata("llm-finetune-0"),
         "spec": _pod_spec(gpus=8, env=env, suffix="x7k2p"),
     }
-    return admission_review(_managed(pod), group="", version="v1", kind="Pod", resource="pods")
+    return admission_review(_managed(pod))
 
 
 def small_cpu_pod() -> JSON:
@@ -252,7 +221,7 @@ def small_cpu_pod() -> JSON:
         "metadata": _metadata("web-0", labels={"app": "web"}),
         "spec": spec,
     }
-    return admission_review(pod, group="", version="v1", kind="Pod", resource="pods")
+    return admission_review(pod)
 
 
 def gpu_job() -> JSON:
@@ -285,7 +254,7 @@ def gpu_job() -> JSON:
             },
         },
     }
-    return admission_review(_managed(job), group="batch", version="v1", kind="Job", resource="jobs")
+    return admission_review(_managed(job))
 
 
 def deployment() -> JSON:
@@ -313,9 +282,7 @@ def deployment() -> JSON:
             "progressDeadlineSeconds": 600,
         },
     }
-    return admission_review(
-        _managed(deploy), group="apps", version="v1", kind="Deployment", resource="deployments"
-    )
+    return admission_review(_managed(deploy))
 
 
 def minimal_gpu_pod() -> JSON:
@@ -339,7 +306,7 @@ def minimal_gpu_pod() -> JSON:
             "priority": 0,
         },
     }
-    return admission_review(pod, group="", version="v1", kind="Pod", resource="pods")
+    return admission_review(pod)
 
 
 def sized_gpu_pod(target_bytes: int) -> JSON:

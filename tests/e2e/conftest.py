@@ -6,15 +6,8 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
-from controlplane import ControlPlane, log_tail
-from session import (
-    announce,
-    build_control_plane,
-    namespace_name,
-    summary_fixture,
-    summary_lines,
-)
-from webhook_harness import (
+
+from tests.harness.admission import (
     WebhookProcess,
     default_priority_classes,
     install_priority_classes,
@@ -22,6 +15,13 @@ from webhook_harness import (
     unregister,
     wait_until_called,
 )
+from tests.harness.controlplane import ControlPlane, log_tail
+from tests.harness.session import (
+    announce,
+    build_control_plane,
+    namespace_name,
+)
+from tests.harness.suite import summary_fixture, summary_lines
 
 HERE = Path(__file__).resolve().parent
 CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()

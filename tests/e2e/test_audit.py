@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import ControlPlane, free_ports, wait_until
-from install_harness import CRD_FILE, find, install_crds, render, run_gpuguard, service_account_kubeconfig
-from webhook_harness import (
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import (
     OWNER_LABEL,
     RULES_ANNOTATION,
     WebhookProcess,
@@ -39,7 +39,16 @@ from webhook_harness import (
     read_back,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane, free_ports, wait_until
+from tests.harness.install import (
+    CRD_FILE,
+    CRD_FOLDER,
+    find,
+    install_crds,
+    render,
+    run_gpuguard,
+    service_account_kubeconfig,
+)
 from webhook import cli
 from webhook.audit import background
 from webhook.audit.schedule import Schedule
@@ -48,9 +57,8 @@ from webhook.cli import output
 from webhook.kube.client import api_client
 from webhook.policy.model import RULE_IDS, default_policy, parse_policy
 
-HERE = Path(__file__).resolve().parent
 AUDIT_ACCOUNT = "gpuguard-audit"  # its ServiceAccount, roles, bindings and CronJob in deploy/audit/
-OPENREPORTS_CRD_FILE = HERE / "crds" / "openreports.io-v1alpha1.yaml"
+OPENREPORTS_CRD_FILE = CRD_FOLDER / "openreports.io-v1alpha1.yaml"
 CRDS = ("policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io")
 # A value of the label by which the session's gpuguard leaves a namespace alone, naming no webhook at
 # all: what is created there is stored exactly as submitted.
@@ -623,7 +631,7 @@ def test_an_unreachable_api_server_and_a_bad_kubeconfig_have_their_exit_codes(
         "-n",
         "default",
         "--policy",
-        str(HERE.parents[1] / "webhook" / "default-policy.yaml"),
+        str(REPO_ROOT / "webhook" / "default-policy.yaml"),
         kubeconfig=closed,
     )
     assert (code, out) == (output.EXIT_USAGE, "")

@@ -10,10 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from controlplane import ControlPlane, without_proxies
-from webhook_harness import REPO_ROOT
-
 from bench import FLOOR_MISSED
+from tests.harness import REPO_ROOT
+from tests.harness.controlplane import ControlPlane, without_proxies
 
 
 def _floors(report: str) -> dict[str, str]:

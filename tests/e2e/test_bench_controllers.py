@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from controlplane import ControlPlane, without_proxies
-from webhook_harness import REPO_ROOT
 
 from bench import FLOOR_MISSED
+from tests.harness import REPO_ROOT
+from tests.harness.controlplane import ControlPlane, without_proxies
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from webhook_harness import REPO_ROOT
-
 from bench import FLOOR_MISSED
+from tests.harness import REPO_ROOT
 
 
 def test_cores_bench_runs_every_step() -> None:

@@ -8,10 +8,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from controlplane import ControlPlane, without_proxies
-from webhook_harness import REPO_ROOT
-
 from bench import FLOOR_MISSED
+from tests.harness import REPO_ROOT
+from tests.harness.controlplane import ControlPlane, without_proxies
 
 
 def test_fleet_bench_runs_every_step(control_plane: ControlPlane) -> None:

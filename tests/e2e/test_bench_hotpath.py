@@ -9,9 +9,8 @@ import re
 import subprocess
 import sys
 
-from webhook_harness import REPO_ROOT
-
 from bench import FLOOR_MISSED
+from tests.harness import REPO_ROOT
 
 
 def test_hotpath_bench_prints_both_floors() -> None:

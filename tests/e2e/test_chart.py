@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_harness import CHART, RELEASE, Helm, build_helm, canonical
-from controlplane import ControlPlane
-from install_harness import CONFIGURATION, CONFIGURATION_KINDS, DEPLOY, find, render
-from webhook_harness import REPO_ROOT
 
+from tests.harness import REPO_ROOT
+from tests.harness.chart import CHART, RELEASE, Helm, build_helm, canonical
+from tests.harness.controlplane import ControlPlane
+from tests.harness.install import CONFIGURATION, CONFIGURATION_KINDS, DEPLOY, find, render
 from webhook.policy.model import parse_policy
 
 INSTALLED_NAMESPACE = "gpuguard-helm"

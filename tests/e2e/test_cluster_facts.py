@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane, free_ports, http_get
-from webhook_harness import (
+
+from tests.harness.admission import (
     API_SERVER_DEFAULT_SECONDS,
     IMAGE,
     PRE_STOP,
@@ -29,7 +29,6 @@ from webhook_harness import (
     SERVING_SECONDS,
     LiveWebhook,
     WebhookProcess,
-    admission_review,
     cpu_pod,
     dry_run,
     dry_run_until,
@@ -38,13 +37,13 @@ from webhook_harness import (
     gpuguard_decisions,
     kubectl_warnings,
     metric_samples,
-    patch_of,
     pinned_to_gpu_nodes,
     read_back,
     readiness_tolerations,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane, free_ports, http_get
+from tests.harness.manifests import admission_review_json, patch_of
 from webhook.policy import engine
 from webhook.policy.model import parse_policy
 
@@ -590,7 +589,7 @@ def cut_off(
 
 
 def answer(webhook: WebhookProcess, endpoint: str, obj: dict[str, Any]) -> dict[str, Any]:
-    response: dict[str, Any] = webhook.request_json("POST", endpoint, admission_review(obj))["response"]
+    response: dict[str, Any] = webhook.request_json("POST", endpoint, admission_review_json(obj))["response"]
     return response
 
 
@@ -697,13 +696,13 @@ def test_offline_answers_with_the_clusters_facts_are_the_servers(
         ("/validate", pinned_deployment("high", plain, cluster.high)),
     ]
     for endpoint, obj in cases:
-        review = admission_review(obj)
+        review = admission_review_json(obj)
         served = live.process.request_json("POST", endpoint, review)["response"]
         assert offline_answer(tmp_path, endpoint, review, policy=policy, facts=facts) == served, obj[
             "metadata"
         ]
     # The facts decided: without them, the offline answers differ.
-    review = admission_review(on_node("bound", plain, cluster.gpu_node))
+    review = admission_review_json(on_node("bound", plain, cluster.gpu_node))
     denied = live.process.request_json("POST", "/validate", review)["response"]
     assert denied["allowed"] is False
     without = tmp_path / "nothing.yaml"

@@ -1,6 +1,6 @@
 """The node health controller and the pod device-health watcher on the real API server, with the real
 kube-controller-manager (Job, disruption, taint-eviction and pod GC controllers) and the test playing
-the kubelet (see controllers_harness.py). Each test gets its own nodes, its own policy (on its own
+the kubelet (see tests/harness/controllers.py). Each test gets its own nodes, its own policy (on its own
 nodes only) and a fresh controllers process."""
 
 from __future__ import annotations
@@ -15,27 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controllers_harness import (
-    DRA_DRIVER,
-    GPU,
-    KCM_CONTROLLERS,
-    LEASE_SECONDS,
-    NAMESPACE,
-    ControllersProcess,
-    Kubelet,
-    eventually,
-    fast_policy,
-    install_rbac,
-    own_condition,
-    reasons,
-    record,
-    service_account_kubeconfig,
-    taints,
-)
-from controlplane import ControlPlane, without_proxies
-from install_harness import CRD_FILE, find, install_crds, render
-from webhook_harness import (
-    REPO_ROOT,
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import (
     WebhookProcess,
     default_priority_classes,
     gpu_job,
@@ -44,13 +26,31 @@ from webhook_harness import (
     unregister,
     wait_until_called,
 )
-
+from tests.harness.controllers import (
+    DRA_DRIVER,
+    GPU,
+    KCM_CONTROLLERS,
+    LEASE_SECONDS,
+    NAMESPACE,
+    ControllersProcess,
+    Kubelet,
+    Start,
+    eventually,
+    fast_policy,
+    install_rbac,
+    own_condition,
+    reasons,
+    record,
+    service_account_kubeconfig,
+    start_fixture,
+    taints,
+)
+from tests.harness.controlplane import ControlPlane, without_proxies
+from tests.harness.install import CRD_FILE, find, install_crds, render
 from webhook.policy.health import fences, observed, signals
 
 TAINT = f"{observed.TAINT_KEY}:NoSchedule"
 STATE_CONFIGMAP = "gpuguard-remediation"
-
-Start = Callable[..., ControllersProcess]
 
 
 @pytest.fixture(scope="module")
@@ -93,27 +93,12 @@ def ns(cluster: ControlPlane, test_id: str) -> Iterator[str]:
     cluster.kubectl("delete", "namespace", test_id, "--wait=false", check=False)
 
 
-@pytest.fixture
-def start(cluster: ControlPlane, kubeconfig: Path, tmp_path: Path) -> Iterator[Start]:
-    """Starts controllers with a policy and waits until one leads; all stopped after the test, and the
-    breaker's state (fleet-wide) removed."""
-    started: list[ControllersProcess] = []
+def forget_the_breaker(cluster: ControlPlane) -> None:
+    """The breaker's state is fleet-wide: each test starts with none."""
+    cluster.kubectl("delete", "configmap", STATE_CONFIGMAP, "-n", NAMESPACE, "--ignore-not-found")
 
-    def start_one(policy: dict[str, Any], identity: str = "a", *, lead: bool = True) -> ControllersProcess:
-        process = ControllersProcess(tmp_path / identity, kubeconfig, policy, identity=identity)
-        started.append(process)
-        process.start()
-        process.wait_ready()
-        if lead:
-            process.wait_leading()
-        return process
 
-    try:
-        yield start_one
-    finally:
-        for process in started:
-            process.stop()
-        cluster.kubectl("delete", "configmap", STATE_CONFIGMAP, "-n", NAMESPACE, "--ignore-not-found")
+start = start_fixture(forget_the_breaker)
 
 
 # --- nodes ---------------------------------------------------------------------------------------------

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from controlplane import SHOWN_LINES, ControlPlane, wait_until
-from webhook_harness import (
+from tests.harness.admission import (
     CONFIG_NAME,
     MUTATING_WEBHOOK,
     VALIDATING_WEBHOOK,
@@ -15,6 +14,7 @@ from webhook_harness import (
     gpu_pod,
     gpuguard_annotations,
 )
+from tests.harness.controlplane import SHOWN_LINES, ControlPlane, wait_until
 
 
 def test_control_plane_stores_and_defaults_pods(control_plane: ControlPlane, namespace: str) -> None:

@@ -2,7 +2,7 @@
 accepted, accelerator workloads mutated, everything else (DaemonSets above all) left as submitted. Then the
 API server's own view of gpuguard's latency over a burst of every workload, as a figure in the summary
 (a latency floor is the bench's to hold, not a test's). The corpus lives outside the repository
-(tests/shared_corpus.py): without it, its tests are skipped and the burst is the examples alone."""
+(tests/corpus.py): without it, its tests are skipped and the burst is the examples alone."""
 
 from __future__ import annotations
 
@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import shared_corpus
 import yaml
-from controlplane import ControlPlane
-from webhook_harness import (
+
+from tests.harness import REPO_ROOT, corpus
+from tests.harness.admission import (
     API_SERVER_DEFAULT_SECONDS,
     MUTATING_WEBHOOK,
     READINESS_KEYS,
-    REPO_ROOT,
     VALIDATING_WEBHOOK,
     admission_latency_buckets,
     gpuguard_annotations,
@@ -32,12 +31,12 @@ from webhook_harness import (
     readiness_tolerations,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane
 from webhook.policy.kinds import BUILTIN
 
-CORPUS = shared_corpus.CORPUS
+CORPUS = corpus.CORPUS
 EXAMPLES = REPO_ROOT / "examples"
-CORPUS_FILES = shared_corpus.FILES
+CORPUS_FILES = corpus.FILES
 
 
 # The examples of custom resources (JobSet, LeaderWorkerSet, ...) need their CRDs and deploy/'s webhook

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import shared_corpus
 import yaml
-from controlplane import ControlPlane, wait_until
-from install_harness import DEPLOY
-from webhook_harness import (
+
+from tests.harness import corpus
+from tests.harness.admission import (
     DEVICE_PLUGINS,
     IMAGE,
     OWNER_LABEL,
@@ -30,7 +29,8 @@ from webhook_harness import (
     read_back,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane, wait_until
+from tests.harness.install import DEPLOY
 from webhook.policy.model import default_policy
 from webhook.policy.rules import device_software
 from webhook.policy.workload import locate
@@ -45,7 +45,7 @@ TRUSTED = default_policy().rules.trustedDeviceSoftware
 # device plugin, GKE's NCCL/RDMA installer; all from their vendors' own registries.
 CORPUS_DAEMONSETS = [
     path
-    for path in shared_corpus.FILES
+    for path in corpus.FILES
     if any(d and d["kind"] == "DaemonSet" for d in yaml.safe_load_all(path.read_text()))
 ]
 
@@ -108,7 +108,7 @@ def test_vendor_device_plugin_daemonset_is_admitted_as_submitted(
 @pytest.mark.corpus
 def test_the_corpus_has_daemonsets() -> None:
     # The parametrization below would otherwise be skipped as an empty set.
-    assert CORPUS_DAEMONSETS, f"no DaemonSet in {shared_corpus.CORPUS}"
+    assert CORPUS_DAEMONSETS, f"no DaemonSet in {corpus.CORPUS}"
 
 
 @pytest.mark.corpus

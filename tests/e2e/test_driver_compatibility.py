@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane, Process
-from install_harness import run_gpuguard
-from scheduling import SCHEDULER_NAME, bound_node, create_nodes, node, start_scheduler
-from webhook_harness import (
+
+from tests.harness.admission import (
     IMAGE,
     VALIDATING_WEBHOOK,
     LiveWebhook,
@@ -30,6 +28,9 @@ from webhook_harness import (
     read_back,
     submit,
 )
+from tests.harness.controlplane import ControlPlane, Process
+from tests.harness.install import run_gpuguard
+from tests.harness.scheduling import SCHEDULER_NAME, bound_node, create_nodes, node, start_scheduler
 
 ANNOTATION = "gpuguard.io/min-driver-major"
 MAJOR = "nvidia.com/cuda.driver-version.major"

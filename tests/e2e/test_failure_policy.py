@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from controlplane import ControlPlane
-from webhook_harness import (
+
+from tests.harness.admission import (
     API_SERVER_DEFAULT_SECONDS,
     READINESS_KEYS,
     WebhookProcess,
@@ -20,6 +20,7 @@ from webhook_harness import (
     restore_default,
     submit,
 )
+from tests.harness.controlplane import ControlPlane
 
 
 @pytest.fixture

@@ -12,16 +12,13 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import third_party
 import yaml
-from controlplane import ControlPlane
-from install_harness import install_crds
-from webhook_harness import (
-    REPO_ROOT,
+
+from tests.harness import REPO_ROOT, third_party
+from tests.harness.admission import (
     WebhookProcess,
     create_namespace,
     dry_run,
@@ -31,12 +28,12 @@ from webhook_harness import (
     read_back,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane
+from tests.harness.install import CRD_FOLDER, install_crds
 from webhook.cli import main as cli_main
 from webhook.policy import engine
 from webhook.policy.model import default_policy
 
-HERE = Path(__file__).resolve().parent
 EXAMPLES = REPO_ROOT / "examples"
 CONFIGURATION = "gpuguard-e2e-gangs"
 SEES_GANGS = "gpuguard-e2e/gangs"  # the label of the namespaces deploy/'s webhooks are narrowed to
@@ -55,7 +52,7 @@ Json = dict[str, Any]
 def workload_crds(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """JobSet's real CRD and the minimal ones, installed for this module and removed after it."""
     jobset = yaml.safe_load((third_party.jobset_source() / third_party.JOBSET_CRD).read_text())
-    minimal = yaml.safe_load((HERE / "crds" / "workload-kinds.yaml").read_text())
+    minimal = yaml.safe_load((CRD_FOLDER / "workload-kinds.yaml").read_text())
     crds = {"apiVersion": "v1", "kind": "List", "items": [jobset, *minimal["items"]]}
     path = tmp_path_factory.mktemp("gangs") / "crds.json"
     path.write_text(json.dumps(crds))

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from controlplane import ControlPlane
-from webhook_harness import (
+
+from tests.harness.admission import (
     gpuguard_annotations,
     install_priority_classes,
     pinned_to_gpu_nodes,
     read_back,
     submit,
 )
+from tests.harness.controlplane import ControlPlane
 
 HIGH_PRIORITY_CLASS = "gpuguard-e2e-high"
 HIGH_PRIORITY_VALUE = 100000  # well above the default policy's minPriority 1000

@@ -11,24 +11,30 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from controllers_harness import (
+
+from tests.e2e.test_native import NATIVE_KINDS, wait_until_in_force
+from tests.harness.admission import (
+    create_namespace,
+    default_priority_classes,
+    install_priority_classes,
+    submit,
+)
+from tests.harness.controllers import (
     NAMESPACE,
     SERVICE_ACCOUNT,
-    ControllersProcess,
+    Start,
     eventually,
     install_service_account,
     service_account_kubeconfig,
+    start_fixture,
 )
-from controlplane import ControlPlane
-from test_native import NATIVE_KINDS, wait_until_in_force
-from webhook_harness import create_namespace, default_priority_classes, install_priority_classes, submit
-
+from tests.harness.controlplane import ControlPlane
 from webhook.controllers import series
 from webhook.controllers.nativesync import NAME
 from webhook.policy.model import CONFIGMAP_KEY, parse_policy
@@ -42,7 +48,6 @@ HYBRID = {**BASE, "admission": {"mode": "hybrid"}}
 # Another margin (the gracefulTermination MAP changes) and priority off (its MAP and binding go).
 CHANGED = {**HYBRID, "rules": {"gracefulTermination": {"marginSeconds": 25}, "priority": {"mode": "off"}}}
 
-Start = Callable[..., ControllersProcess]
 Objects = dict[tuple[str, str], dict[str, Any]]
 
 
@@ -63,38 +68,16 @@ def kubeconfig(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     return service_account_kubeconfig(cluster, tmp_path_factory.mktemp("hybrid-sa") / "sa.kubeconfig")
 
 
-@pytest.fixture
-def start(cluster: ControlPlane, kubeconfig: Path, tmp_path: Path) -> Iterator[Start]:
-    """Starts controllers on the policy ConfigMap; after the test, stops them and removes what is left."""
-    started: list[ControllersProcess] = []
+def remove_what_they_own(cluster: ControlPlane) -> None:
+    cluster.kubectl("delete", NATIVE_KINDS, "-l", f"{OWNER_LABEL}={OWNER}", check=False)
+    cluster.kubectl("delete", "lease", LEASE, "-n", NAMESPACE, "--ignore-not-found", check=False)
 
-    def start_one(identity: str = "a", *, lead: bool = True) -> ControllersProcess:
-        process = ControllersProcess(
-            tmp_path / identity,
-            kubeconfig,
-            {},
-            identity=identity,
-            policy_configmap=f"{NAMESPACE}/{POLICY_CONFIGMAP}",
-            # The Lease's defaults: no test here times a failover, and a write may take what is left
-            # of a 15 s lease (up to 10 s). Creating the trusted-device-software VAP (57 KB of CEL for
-            # the API server to check) took 1.9 s on a quiet control plane here, more than the 4 s
-            # lease of the failover tests leaves a write under load.
-            lease_args=(),
-        )
-        started.append(process)
-        process.start()
-        process.wait_ready()
-        if lead:
-            process.wait_leading()
-        return process
 
-    try:
-        yield start_one
-    finally:
-        for process in started:
-            process.stop()
-        cluster.kubectl("delete", NATIVE_KINDS, "-l", f"{OWNER_LABEL}={OWNER}", check=False)
-        cluster.kubectl("delete", "lease", LEASE, "-n", NAMESPACE, "--ignore-not-found", check=False)
+# Controllers on the policy ConfigMap. The Lease's defaults: no test here times a failover, and a write
+# may take what is left of a 15 s lease (up to 10 s). Creating the trusted-device-software VAP (57 KB of
+# CEL for the API server to check) took 1.9 s on a quiet control plane here, more than the 4 s lease of
+# the failover tests leaves a write under load.
+start = start_fixture(remove_what_they_own, policy_configmap=f"{NAMESPACE}/{POLICY_CONFIGMAP}", lease_args=())
 
 
 def set_policy(plane: ControlPlane, text: str) -> None:
@@ -267,7 +250,7 @@ def test_a_replica_without_the_lease_writes_nothing_until_it_leads(
     }
     submit(cluster, "create", lease)
     set_policy(cluster, yaml.safe_dump(HYBRID))
-    standby = start("b", lead=False)
+    standby = start(identity="b", lead=False)
     # Its caches synced and the policy loaded: the key waits in its queue, and no worker takes it.
     eventually(
         lambda: standby.metric("gpuguard_workqueue_depth", controller=NAME) == 1,

@@ -1,7 +1,7 @@
 """The informer against the real API server: its first list is streamed from the watch cache (the
 WatchList protocol) and it watches on from the stream's end, and a list call that cannot stream is
 listed by pages instead. The scripted cases (410s, dropped watches, servers that refuse the stream)
-are in tests/unit/test_informer.py."""
+are in tests/unit/kube/test_informer.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane
 from kubernetes import client
 
+from tests.harness.controlplane import ControlPlane
 from webhook.kube.client import ResourceListWatch, api_client, collection, metadata_of
 from webhook.kube.informer import Change, Informer
 

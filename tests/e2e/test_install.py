@@ -21,8 +21,13 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import ControlPlane, wait_until
-from install_harness import (
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import cpu_pod, default_priority_classes, gpu_pod, gpuguard_annotations
+from tests.harness.controlplane import ControlPlane, wait_until
+from tests.harness.install import (
     CONFIGURATION,
     CONFIGURATION_KINDS,
     CONTROLLERS,
@@ -44,10 +49,6 @@ from install_harness import (
     service_account_kubeconfig,
     wait_for,
 )
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-from webhook_harness import REPO_ROOT, cpu_pod, default_priority_classes, gpu_pod, gpuguard_annotations
-
 from webhook import cli
 from webhook.certs import files, tls
 from webhook.cli import controllers as cli_controllers

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane
-from install_harness import (
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import policy_hash
+from tests.harness.controlplane import ControlPlane
+from tests.harness.install import (
     CONFIGURATION,
     CONFIGURATION_KINDS,
     DEPLOY,
@@ -33,8 +36,6 @@ from install_harness import (
     service_account_kubeconfig,
     wait_for,
 )
-from webhook_harness import REPO_ROOT, policy_hash
-
 from webhook.certs import files, tls
 
 ELSEWHERE = "gpu-admission"

@@ -18,16 +18,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from controllers_harness import Kubelet
-from controlplane import ControlPlane, Process, wait_until
-from jobset_harness import (
+
+from tests.harness.controllers import Kubelet
+from tests.harness.controlplane import ControlPlane, Process, wait_until
+from tests.harness.jobset import (
     JOBSET_DEFAULTS,
     attempt_pods,
     install_jobset_crd,
     jobset_status,
     start_jobset_manager,
 )
-
 from webhook.policy import engine
 from webhook.policy.model import default_policy
 

@@ -21,16 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane, http_get, log_tail
-from webhook_harness import (
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import (
     API_SERVER_DEFAULT_SECONDS,
     PRE_STOP,
     READINESS_KEYS,
-    REPO_ROOT,
     RULES_ANNOTATION,
     LiveWebhook,
     WebhookProcess,
-    admission_review,
     create_namespace,
     dry_run,
     dry_run_until,
@@ -40,7 +39,6 @@ from webhook_harness import (
     gpuguard_decisions,
     log_records,
     metric_samples,
-    patch_of,
     pinned_to_gpu_nodes,
     policy_configmap,
     policy_hash,
@@ -48,7 +46,8 @@ from webhook_harness import (
     readiness_tolerations,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane, http_get, log_tail
+from tests.harness.manifests import admission_review_json, patch_of
 from webhook.policy.model import default_policy
 
 POLICY_ANNOTATION = "gpuguard.io/policy"
@@ -135,7 +134,7 @@ class Hammer:
         while not self._stop.is_set():
             try:
                 answer = self.webhook.request_json(
-                    "POST", "/mutate", admission_review(self.pod, dry_run=True)
+                    "POST", "/mutate", admission_review_json(self.pod, dry_run=True)
                 )["response"]
                 operations = patch_of(answer)
                 marks = [op["value"] for op in operations if op["path"] == "/metadata/annotations"]
@@ -444,7 +443,7 @@ def test_mounted_policy_file_is_reloaded_on_change(tmp_path: Path) -> None:
             return str(webhook.request_json("GET", "/policy")["hash"])
 
         def serving() -> set[int]:
-            answer = webhook.request_json("POST", "/mutate", admission_review(gpu_pod("gpu", "default")))
+            answer = webhook.request_json("POST", "/mutate", admission_review_json(gpu_pod("gpu", "default")))
             (tolerations,) = [
                 op["value"] for op in patch_of(answer["response"]) if op["path"] == "/spec/tolerations"
             ]

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane
-from webhook_harness import (
+
+from tests.harness.admission import (
     API_SERVER_DEFAULT_SECONDS,
     READINESS_KEYS,
     WebhookProcess,
@@ -28,6 +28,7 @@ from webhook_harness import (
     submit,
     wait_until_answering,
 )
+from tests.harness.controlplane import ControlPlane
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane
-from webhook_harness import (
+
+from tests.harness.admission import (
     API_SERVER_DEFAULT_SECONDS,
     BATCH_SECONDS,
     GRACE_SECONDS,
@@ -29,6 +29,7 @@ from webhook_harness import (
     readiness_tolerations,
     submit,
 )
+from tests.harness.controlplane import ControlPlane
 
 PRIORITY_CLASS = "gpu-workload"
 PRIORITY_VALUE = 10000  # the suite installs it (conftest: default_priority_classes)

@@ -20,15 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import shared_corpus
 import yaml
-from controlplane import ControlPlane
 from hypothesis import HealthCheck, given, settings
-from test_corpus import CORPUS_PRIORITY_CLASSES, load
-from unit.test_properties import workloads
-from webhook_harness import (
+
+from tests.e2e.test_corpus import CORPUS_PRIORITY_CLASSES, load
+from tests.harness import REPO_ROOT, corpus
+from tests.harness.admission import (
     OWNER_LABEL,
-    REPO_ROOT,
     LiveWebhook,
     cpu_pod,
     create_namespace,
@@ -43,7 +41,8 @@ from webhook_harness import (
     pinned_to_gpu_nodes,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane
+from tests.unit.policy.test_properties import workloads
 from webhook.policy.model import Policy, default_policy, parse_policy
 from webhook.policy.native import compile_policy
 
@@ -71,7 +70,7 @@ def _manifest_files() -> list[Path]:
         if path.name not in ("gpuguard-test.yaml", "policy.yaml", "facts.yaml")
     )
     # A file holding no workload (a ResourceClaimTemplate, a DeviceClass) has nothing to compare.
-    return [path for path in examples + cases + shared_corpus.FILES if _workloads(path)]
+    return [path for path in examples + cases + corpus.FILES if _workloads(path)]
 
 
 def _workloads(path: Path) -> list[dict[str, Any]]:

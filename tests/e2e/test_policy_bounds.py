@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from controlplane import ControlPlane
-from webhook_harness import (
+
+from tests.harness.admission import (
     OWNER_LABEL,
     READINESS_KEYS,
     LiveWebhook,
@@ -24,7 +24,7 @@ from webhook_harness import (
     register,
     submit,
 )
-
+from tests.harness.controlplane import ControlPlane
 from webhook.policy.model_types import MAX_SECONDS
 
 BASELINE = "rules:\n  readinessTolerations:\n    servingSeconds: 700\n"

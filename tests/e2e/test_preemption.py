@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane, wait_until
-from install_harness import find, render
-from scheduling import SCHEDULER_NAME, bound_node, create_nodes, node, start_scheduler
-from webhook_harness import IMAGE
+
+from tests.harness.admission import IMAGE
+from tests.harness.controlplane import ControlPlane, wait_until
+from tests.harness.install import find, render
+from tests.harness.scheduling import SCHEDULER_NAME, bound_node, create_nodes, node, start_scheduler
 
 pytestmark = pytest.mark.usefixtures("gpuguard")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import LOOPBACK, ControlPlane
-from webhook_harness import (
+
+from tests.harness.admission import (
     BATCH_SECONDS,
     GRACE_SECONDS,
     MUTATING_WEBHOOK,
@@ -32,7 +32,7 @@ from webhook_harness import (
     readiness_tolerations,
     submit,
 )
-
+from tests.harness.controlplane import LOOPBACK, ControlPlane
 from webhook.certs import tls
 
 # Mutating webhooks are called in the order of their configurations' names: this one sorts after gpuguard's.

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from controlplane import ControlPlane
-from webhook_harness import REPO_ROOT, default_priority_classes, gpu_pod, install_priority_classes
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import default_priority_classes, gpu_pod, install_priority_classes
+from tests.harness.controlplane import ControlPlane
 
 # Strings YAML 1.1 or 1.2 or Go would read as something else when written bare.
 TRICKY = [

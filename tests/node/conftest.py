@@ -16,7 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controllers_harness import (
+
+from tests.harness import REPO_ROOT
+from tests.harness.admission import (
+    WebhookProcess,
+    default_priority_classes,
+    install_priority_classes,
+    register,
+    unregister,
+    wait_until_called,
+)
+from tests.harness.controllers import (
     NAMESPACE,
     ControllersProcess,
     eventually,
@@ -26,33 +36,12 @@ from controllers_harness import (
     service_account_kubeconfig,
     taints,
 )
-from controlplane import CONTROLLERS, ControlPlane, log_tail
-from session import (
-    add_summary,
-    announce,
-    build_control_plane,
-    namespace_name,
-    run_build_script,
-    summary_fixture,
-    summary_lines,
-)
-from webhook_harness import (
-    REPO_ROOT,
-    WebhookProcess,
-    default_priority_classes,
-    install_priority_classes,
-    register,
-    unregister,
-    wait_until_called,
-)
-
-from webhook.policy.health import observed
-
-from .device_plugin import HEALTHY, FakeDevicePlugin
-from .images import build_images
-from .kubelet_api import KubeletApis, compile_apis
-from .node import Node, NodeBinaries, host_state, node_tier_unavailable, reclaim_leftovers
-from .responders import (
+from tests.harness.controlplane import CONTROLLERS, ControlPlane, log_tail
+from tests.harness.device_plugin import HEALTHY, FakeDevicePlugin
+from tests.harness.images import build_images
+from tests.harness.kubelet_api import KubeletApis, compile_apis
+from tests.harness.node import Node, NodeBinaries, host_state, node_tier_unavailable, reclaim_leftovers
+from tests.harness.responders import (
     AGENT_CONFIRM_SECONDS,
     AGENT_INTERVAL_SECONDS,
     AGENT_NAMESPACE,
@@ -64,7 +53,15 @@ from .responders import (
     plugin_pod,
     pod_ready,
 )
-from .workloads import GPU, allocatable, delete_all_pods
+from tests.harness.session import (
+    announce,
+    build_control_plane,
+    namespace_name,
+    run_build_script,
+)
+from tests.harness.suite import add_summary, summary_fixture, summary_lines
+from tests.harness.workloads import GPU, allocatable, delete_all_pods
+from webhook.policy.health import observed
 
 HERE = Path(__file__).resolve().parent
 RUNTIME_BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "runtime" / "build.sh"

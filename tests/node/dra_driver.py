@@ -33,9 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from controlplane import ControlPlane, KubectlError
 
-from .kubelet_api import DRA_HEALTH_SERVICE, DRA_SERVICE, PLUGIN_REGISTRATION_SERVICE, KubeletApis
+from tests.harness.controlplane import ControlPlane, KubectlError
+from tests.harness.kubelet_api import (
+    DRA_HEALTH_SERVICE,
+    DRA_SERVICE,
+    PLUGIN_REGISTRATION_SERVICE,
+    KubeletApis,
+)
 
 DRA_PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go
 # How registration names the DRA service (dra/v1 types.go), not its gRPC name (DRA_SERVICE).

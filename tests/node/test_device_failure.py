@@ -21,10 +21,23 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from controllers_harness import eventually, own_condition, record, taints
-from controlplane import ControlPlane
-from webhook_harness import gpu_job, gpu_pod, submit
 
+from tests.harness.admission import gpu_job, gpu_pod, submit
+from tests.harness.controllers import eventually, own_condition, record, taints
+from tests.harness.controlplane import ControlPlane
+from tests.harness.device_plugin import UNHEALTHY
+from tests.harness.responders import REACTION_SECONDS, Responders, holds_for
+from tests.harness.workloads import (
+    GPU,
+    HOSTNAME_LABEL,
+    allocatable,
+    capacity,
+    container_status,
+    get_pod,
+    on_node,
+    running,
+    wait_for_pod,
+)
 from webhook.policy.health import holdings
 
 from .conftest import (
@@ -36,20 +49,7 @@ from .conftest import (
     TAINT,
     NodeCluster,
 )
-from .device_plugin import UNHEALTHY
-from .responders import REACTION_SECONDS, Responders, holds_for
 from .test_graceful_termination import HOLD, TERM_RECORDER, uptime
-from .workloads import (
-    GPU,
-    HOSTNAME_LABEL,
-    allocatable,
-    capacity,
-    container_status,
-    get_pod,
-    on_node,
-    running,
-    wait_for_pod,
-)
 
 # A training process stopped by SIGTERM exits non-zero (128 + 15, as a shell reports it): with exit 0
 # the pod would be Succeeded and the Job complete, whatever became of its device.

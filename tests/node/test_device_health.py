@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from webhook_harness import gpu_pod, submit
+
+from tests.harness.admission import gpu_pod, submit
+from tests.harness.device_plugin import HEALTHY, UNHEALTHY, FakeDevicePlugin
+from tests.harness.workloads import GPU, allocatable, capacity, get_pod, on_node, running, wait_for_pod
 
 from .conftest import DEVICES_PER_NODE, NodeCluster, restore_health
-from .device_plugin import HEALTHY, UNHEALTHY, FakeDevicePlugin
-from .workloads import GPU, allocatable, capacity, get_pod, on_node, running, wait_for_pod
 
 NODE = "node-a"
 LONG_RUNNING = "trap 'exit 0' TERM; while true; do sleep 1; done"

@@ -21,10 +21,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from controllers_harness import DRA_DRIVER, NAMESPACE, ControllersProcess, eventually
-from controlplane import ControlPlane, wait_until
-from webhook_harness import submit
 
+from tests.harness.admission import submit
+from tests.harness.controllers import DRA_DRIVER, NAMESPACE, ControllersProcess, eventually
+from tests.harness.controlplane import ControlPlane, wait_until
+from tests.harness.images import BUSYBOX_IMAGE
+from tests.harness.responders import holds_for
+from tests.harness.workloads import HOSTNAME_LABEL, container_status, get_pod, running, wait_for_pod
 from webhook.policy.health import fences
 
 from .conftest import (
@@ -39,11 +42,8 @@ from .conftest import (
     responders_policy,
 )
 from .dra_driver import HEALTHY, UNHEALTHY, FakeDraDriver, device_class
-from .images import BUSYBOX_IMAGE
-from .responders import holds_for
 from .test_device_failure import TERM_RECORDER_EXIT_143, disruption_target, job_pods, remove_hold
 from .test_graceful_termination import HOLD, TERM_RECORDER, uptime
-from .workloads import HOSTNAME_LABEL, container_status, get_pod, running, wait_for_pod
 
 CLAIM = "gpu"  # the pods' claim, and the request in it
 # What NVIDIA's DRA driver puts on a GPU that fell off the bus.

@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controlplane import ControlPlane, wait_until
-from webhook_harness import gpu_job, read_back, submit
+from tests.harness.admission import gpu_job, read_back, submit
+from tests.harness.controlplane import ControlPlane, wait_until
+from tests.harness.node import condition
+from tests.harness.workloads import container_status, on_node
 
 from .conftest import DEVICE_FAILURE_EXIT_CODE, NON_RETRIABLE_EXIT_CODE, NodeCluster
-from .node import condition
-from .workloads import container_status, on_node
 
 NODE = "node-b"
 

@@ -17,21 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import Process, wait_until
-from jobset_harness import (
+
+from tests.harness.admission import gpu_container, submit
+from tests.harness.controlplane import Process, wait_until
+from tests.harness.jobset import (
     JOBSET_DEFAULTS,
     attempt_pods,
     install_jobset_crd,
     jobset_status,
     start_jobset_manager,
 )
-from webhook_harness import gpu_container, submit
-
+from tests.harness.workloads import container_status, on_node, running
 from webhook.policy import engine
 from webhook.policy.model import parse_policy
 
 from .conftest import DEVICE_FAILURE_EXIT_CODE, NODE_NAMES, PATIENCE, POLICY, NodeCluster
-from .workloads import container_status, on_node, running
 
 JOBSET = "gang"
 

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from webhook_harness import gpu_pod, submit
+from tests.harness.admission import gpu_pod, submit
+from tests.harness.workloads import container_status, on_node, running, wait_for_pod
 
 from .conftest import GRACE_SECONDS, PRE_STOP_SECONDS, NodeCluster
-from .workloads import container_status, on_node, running, wait_for_pod
 
 NODE = "node-b"
 # The container writes when SIGTERM reached it, on the machine's uptime clock (containers share the

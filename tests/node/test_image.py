@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from install_harness import DEPLOY, find, render
-from session import namespace_name, run_build_script
-from webhook_harness import REPO_ROOT
 
+from tests.harness import REPO_ROOT
+from tests.harness.install import DEPLOY, find, render
+from tests.harness.session import namespace_name, run_build_script
+from tests.harness.workloads import GPU, HOSTNAME_LABEL, container_status, phase, wait_for_pod
 from webhook import __version__
 
 from .conftest import DEVICES_PER_NODE, NodeCluster
-from .workloads import GPU, HOSTNAME_LABEL, container_status, phase, wait_for_pod
 
 NODE = "node-a"
 IMAGE = f"gpuguard:{__version__}"  # deploy/'s `image:` (kustomization images: newTag)

@@ -4,12 +4,12 @@ first node started (the session's teardown checks the same once the nodes are go
 
 from __future__ import annotations
 
-from webhook_harness import gpu_pod, submit
+from tests.harness.admission import gpu_pod, submit
+from tests.harness.node import host_state
+from tests.harness.workloads import on_node, running, wait_for_pod
 
 from .conftest import NodeCluster, host_changes
-from .node import host_state
 from .test_device_health import LONG_RUNNING
-from .workloads import on_node, running, wait_for_pod
 
 
 def test_running_pods_leave_the_host_as_it_was(cluster: NodeCluster, namespace: str) -> None:

@@ -20,17 +20,17 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from controlplane import wait_until
-from webhook_harness import gpu_pod, submit
 
+from tests.harness.admission import gpu_pod, submit
+from tests.harness.controlplane import wait_until
+from tests.harness.node import condition
+from tests.harness.responders import GpuguardWrites, Responders, plugin_pod, pod_ready
+from tests.harness.workloads import GPU, capacity, container_status, get_pod, on_node, running, wait_for_pod
 from webhook.agent.podresources import PodResourcesClient
 
 from .conftest import QUIET_SECONDS, NodeCluster, all_devices_allocatable
-from .node import condition
-from .responders import GpuguardWrites, Responders, plugin_pod, pod_ready
 from .test_device_health import LONG_RUNNING, device_health
 from .test_readiness_flakes import UNREACHABLE, no_execute_taints, stop_until_unreachable
-from .workloads import GPU, capacity, container_status, get_pod, on_node, running, wait_for_pod
 
 NODE = "node-b"
 # After each test every node's devices are as its plugin started with them, healthy, and whatever

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import grpc
 import pytest
-from controlplane import wait_until
-from webhook_harness import gpu_pod, submit
 
+from tests.harness.admission import gpu_pod, submit
+from tests.harness.controlplane import wait_until
+from tests.harness.device_plugin import HEALTHY, UNHEALTHY, FakeDevicePlugin
+from tests.harness.kubelet_api import POD_RESOURCES_SERVICE, KubeletApis
+from tests.harness.workloads import GPU, on_node, running, wait_for_pod
 from webhook.agent.podresources import PodResourcesClient, decode_allocatable, decode_list
 from webhook.policy.health import holdings
 from webhook.policy.health.holdings import Holding
 
 from .conftest import NodeCluster, restore_health
-from .device_plugin import HEALTHY, UNHEALTHY, FakeDevicePlugin
-from .kubelet_api import POD_RESOURCES_SERVICE, KubeletApis
 from .test_device_health import LONG_RUNNING
-from .workloads import GPU, on_node, running, wait_for_pod
 
 NODE = "node-b"
 

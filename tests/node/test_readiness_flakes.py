@@ -12,13 +12,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from controlplane import wait_until
-from webhook_harness import READINESS_KEYS, gpu_pod, readiness_tolerations, submit
+
+from tests.harness.admission import READINESS_KEYS, gpu_pod, readiness_tolerations, submit
+from tests.harness.controlplane import wait_until
+from tests.harness.node import Node
+from tests.harness.workloads import container_status, delete_all_pods, get_pod, on_node, running, wait_for_pod
 
 from .conftest import DEFAULT_TOLERATION_SECONDS, NODE_MONITOR_GRACE_SECONDS, UNGUARDED_NAMESPACE, NodeCluster
-from .node import Node
 from .test_device_health import LONG_RUNNING
-from .workloads import container_status, delete_all_pods, get_pod, on_node, running, wait_for_pod
 
 NODE = "node-a"
 UNREACHABLE = "node.kubernetes.io/unreachable"

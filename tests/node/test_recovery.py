@@ -8,9 +8,15 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from controlplane import wait_until
 
-from .node import CGROUP_PREFIX, CgroupTree, node_tier_unavailable, reclaim_leftovers, session_cgroup_prefix
+from tests.harness.controlplane import wait_until
+from tests.harness.node import (
+    CGROUP_PREFIX,
+    CgroupTree,
+    node_tier_unavailable,
+    reclaim_leftovers,
+    session_cgroup_prefix,
+)
 
 
 @pytest.fixture

@@ -1,39 +1,20 @@
-"""Fixtures of the unit suite; the builders they and the tests share are in builders.py."""
+"""The unit tier: in-process tests of each room (tests/unit/<room>/, mirroring webhook/<room>/), and at
+the top the tests of the repository as a whole. The builders they share are in tests/harness/."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-from webhook.policy.model import Policy, default_policy
-
-from .apiserver import FakeApiServer
-from .builders import CliRun, Gpuguard, run_gpuguard
+from tests.unit.apiserver import FakeApiServer
 
 # Property tests assert behaviour, not speed: on a loaded machine one example can take longer than
 # hypothesis's default 200 ms deadline, which would fail a correct test. Timing lives in bench/.
 settings.register_profile("gpuguard", deadline=None)
 settings.load_profile("gpuguard")
-
-
-@pytest.fixture(scope="session")
-def policy() -> Policy:
-    """The embedded default policy (frozen, so one instance serves every test)."""
-    return default_policy()
-
-
-@pytest.fixture
-def gpuguard(tmp_path: Path) -> Gpuguard:
-    """`gpuguard(*args, stdin=...)`: the installed console script, run in the test's temp folder."""
-
-    def run(*args: str, stdin: str | bytes = b"") -> CliRun:
-        return run_gpuguard(*args, cwd=tmp_path, stdin=stdin)
-
-    return run
 
 
 @pytest.fixture

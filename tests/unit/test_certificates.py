@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.unit.apiserver import FakeApiServer
 from webhook.kube.certificates import SecretStore, StoredSecret, WebhookConfigurations, ca_bundle_patch
-
-from .apiserver import FakeApiServer
 
 NAMESPACE, NAME = "gpuguard", "gpuguard-tls"
 SECRETS = f"/api/v1/namespaces/{NAMESPACE}/secrets"

@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.unit.apiserver import INITIAL_EVENTS_END, FakeApiServer
 from webhook.kube.client import (
     AccessError,
     ConfigError,
@@ -25,8 +26,6 @@ from webhook.kube.client import (
     collection,
 )
 from webhook.kube.informer import ExpiredError, NotServedError, StreamingNotSupportedError
-
-from .apiserver import INITIAL_EVENTS_END, FakeApiServer
 
 CONFIGMAPS = "/api/v1/namespaces/gpuguard/configmaps"
 

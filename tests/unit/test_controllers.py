@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
+from tests.unit.apiserver import FakeApiServer, Request
 from webhook.policy.model import CONFIGMAP_KEY, parse_policy
 from webhook.processes import controllers
-
-from .apiserver import FakeApiServer, Request
 
 NAMESPACE = "gpuguard"
 POLICY_CONFIGMAP = f"/api/v1/namespaces/{NAMESPACE}/configmaps/gpuguard-policy"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .builders import REPO_ROOT
+from tests.harness import REPO_ROOT
 
 DESIGN = REPO_ROOT / "docs" / "design"
 RECORD_NAME = re.compile(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.md")

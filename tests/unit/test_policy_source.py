@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
+from tests.unit.apiserver import FakeApiServer
 from webhook.kube.client import AccessError
 from webhook.kube.events import EventRecorder
 from webhook.kube.policy_source import PolicyConfigMap, read_policy_text
-
-from .apiserver import FakeApiServer
 
 NAMESPACE, NAME, KEY = "gpuguard", "gpuguard-policy", "policy.yaml"
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness import REPO_ROOT
+from tests.harness.manifests import EXAMPLES
+from tests.integration.test_http import start_server
 from webhook import cli
 from webhook.policy.model import RULE_IDS
-
-from .builders import EXAMPLES, REPO_ROOT
-from .test_http import start_server
 
 README = REPO_ROOT / "README.md"
 PAGES = [README, *sorted((REPO_ROOT / "docs").glob("*.md"))]

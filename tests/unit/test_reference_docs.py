@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import REPO_ROOT
 from webhook.cli import reference
-
-from .builders import REPO_ROOT
 
 
 def test_the_committed_reference_pages_are_current() -> None:

@@ -12,10 +12,9 @@ from typing import Any, get_args
 
 import yaml
 
+from tests.harness import REPO_ROOT
 from webhook import __version__
 from webhook.kube.events import Reason
-
-from .builders import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "deploy"
 CHART = REPO_ROOT / "charts" / "gpuguard"

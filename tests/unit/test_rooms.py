@@ -1,5 +1,5 @@
 """Each room says what it holds: every package's docstring names all its modules, and names no module
-that is not there.
+that is not there; and the unit tests mirror the rooms.
 
 A module is named as `name.py`, a subpackage as `name/`, each standing alone (a path such as
 `processes/serve.py` or `tests/unit/` names nothing of this room), so that prose may point elsewhere.
@@ -53,3 +53,19 @@ def test_the_name_check_can_fail() -> None:
         "    serve.py   a root\n    health/    verdicts\nsee processes/serve.py and tests/unit/ and docs/x.md"
     )
     assert named(text) == {"serve.py", "health/"}
+
+
+def test_the_unit_tests_mirror_the_rooms() -> None:
+    # tests/unit/<room>/ holds the in-process tests of webhook/<room>/, so a module without tests shows
+    # in the tree; each folder a package, so that test modules of one name in two rooms import apart.
+    unit = Path(__file__).resolve().parent
+    folders = {path for path in unit.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    rooms = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert {folder.name for folder in folders} <= rooms
+    assert all((folder / "__init__.py").is_file() for folder in folders)
+
+
+def test_the_harness_names_every_module() -> None:
+    harness = PACKAGE.parent / "tests" / "harness"
+    docstring = ast.get_docstring(ast.parse((harness / "__init__.py").read_text(encoding="utf-8"))) or ""
+    assert named(docstring) == contents(harness)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.apiserver import FakeApiServer
 from webhook.certs import tls
 from webhook.certs.rotation import (
     EXPIRY_ANNOTATION,
@@ -27,8 +28,6 @@ from webhook.certs.rotation import (
     read_certificates,
 )
 from webhook.kube.certificates import SecretStore, WebhookConfigurations
-
-from .apiserver import FakeApiServer
 
 NAMESPACE, NAME = "gpuguard", "gpuguard-tls"
 SECRET = f"/api/v1/namespaces/{NAMESPACE}/secrets/{NAME}"

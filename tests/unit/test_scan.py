@@ -13,15 +13,14 @@ from typing import Any
 
 import pytest
 
+from tests.harness.manifests import container, job, templated
+from tests.unit.apiserver import FakeApiServer
+from tests.unit.audit.test_audit import placed
 from webhook.audit import scan
 from webhook.kube.client import ApiClient, metadata_of
 from webhook.kube.listing import ClusterReader
 from webhook.kube.reports import MISSING_REPORT_API, OPENREPORTS, WGPOLICY, ReportWriter
 from webhook.policy.model import Policy
-
-from .apiserver import FakeApiServer
-from .builders import container, job, templated
-from .test_audit import placed
 
 JSON = dict[str, Any]
 NOW = 1_700_000_000

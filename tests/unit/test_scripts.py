@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .builders import REPO_ROOT
+from tests.harness import REPO_ROOT
 
 STARTUP_SECONDS = 60.0  # includes sourcing venv.sh, which may have to reinstall after a pyproject edit
 LISTEN = "0A"  # the TCP state LISTEN in /proc/net/tcp
@@ -161,6 +161,7 @@ def test_scripts_test_checks_first_then_runs_the_tiers_fastest_first(
         [
             *CHECK,
             "pytest tests/unit",
+            "pytest tests/integration",
             CONTROL_PLANE,
             HELM,
             "pytest tests/e2e",
@@ -175,6 +176,13 @@ def test_the_unit_tier_builds_nothing_and_takes_pytest_arguments(
 ) -> None:
     run = run_scripts_test("unit", "-k", "priority", "-x")
     assert (run.code, run.steps) == (0, [*CHECK, "pytest tests/unit -k priority -x"]), run.stderr
+
+
+def test_the_integration_tier_runs_alone_and_builds_nothing(
+    run_scripts_test: Callable[..., ScriptRun],
+) -> None:
+    run = run_scripts_test("integration")
+    assert (run.code, run.steps) == (0, [*CHECK, "pytest tests/integration"]), run.stderr
 
 
 def test_tiers_named_run_in_the_suite_order(run_scripts_test: Callable[..., ScriptRun]) -> None:
@@ -195,7 +203,10 @@ def test_a_path_in_no_tier_is_refused_before_anything_runs(
 ) -> None:
     run = run_scripts_test("tests/controlplane")
     assert (run.code, run.steps) == (2, [])
-    assert "tests/controlplane is in no tier's folder (tests/unit tests/e2e tests/node)" in run.stderr
+    assert (
+        "tests/controlplane is in no tier's folder (tests/unit tests/integration tests/e2e tests/node)"
+        in run.stderr
+    )
 
 
 def test_a_failing_check_stops_before_any_test_or_build(run_scripts_test: Callable[..., ScriptRun]) -> None:

@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 
+from tests.unit.apiserver import FakeApiServer, Request
 from webhook.certs.rotation import Settings
 from webhook.kube import client as kube_client
 from webhook.policy.model import CONFIGMAP_KEY, default_policy, parse_policy
 from webhook.processes import serve
-
-from .apiserver import FakeApiServer, Request
 
 NAMESPACE, NAME = "gpuguard", "gpuguard-policy"
 CONFIGMAP = f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}"

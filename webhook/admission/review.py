@@ -43,7 +43,7 @@ log = logging.getLogger("gpuguard.review")
 # decoded down to this tree for both endpoints: managedFields, env, volumes and the like (most of a real
 # pod) are skipped as the JSON is parsed, never built, copied or walked, so a request costs what the
 # rules read, not what the API server sends. A rule that reads or writes a field outside the tree would
-# silently see it absent: tests/unit/test_hot_path.py records every access the rules make and fails on
+# silently see it absent: tests/unit/admission/test_hot_path.py records every access the rules make and fails on
 # one outside it.
 _CONTAINER: FieldTree = {
     "name": None,

@@ -5,7 +5,7 @@ the tests all run the very same code. The caller builds the JSON Patch from `ori
 
 The rules together converge: run on their own output, they change nothing (the API server may call
 again after any mutation). The tests prove it, over generated workloads, the examples and the corpus
-(tests/unit/test_properties.py, tests/unit/test_hot_path.py); re-running every rule on each request to
+(tests/unit/policy/test_properties.py, tests/unit/admission/test_hot_path.py); re-running every rule on each request to
 check it again cost a third of the engine's time.
 """
 
@@ -82,7 +82,7 @@ _CONTAINERS = (dict, list)
 
 # Every field a rule writes, as a tree (webhook.policy.fields): `mutate` copies these parts and shares the
 # rest of the object with the original, so the differ, which skips what both share, walks only them. A
-# rule writing anywhere else would edit the caller's object: tests/unit/test_hot_path.py records every
+# rule writing anywhere else would edit the caller's object: tests/unit/admission/test_hot_path.py records every
 # write the rules make and fails on one outside this tree.
 _CONTAINER_WRITES: FieldTree = {"lifecycle": None}
 _POD_SPEC_WRITES: FieldTree = {

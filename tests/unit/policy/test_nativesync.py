@@ -1,0 +1,327 @@
+"""`admission.mode` and what the controllers' leader keeps for it: the objects each mode wants and the
+writes from what gpuguard owns to them (pure; the writes on a real API server are tests/e2e/test_hybrid.py's)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+
+from tests.harness.manifests import gpu_pod, job, make_policy, pod
+from tests.harness.wired import Listed, registry
+from webhook.controllers.nativesync import KEY, NativePolicies, owned_informers
+from webhook.kube.controller import TerminalError
+from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
+from webhook.policy import engine
+from webhook.policy.model import Policy, PolicyError, default_policy, parse_policy
+from webhook.policy.native import MANAGED_BY, Compiled, compile_policy
+from webhook.policy.nativesync import (
+    HASH_ANNOTATION,
+    OWNER,
+    OWNER_LABEL,
+    RESOURCES,
+    Owned,
+    holds,
+    namespace_owner,
+    owned,
+    plan,
+    wanted,
+)
+from webhook.policy.workload import JSON
+
+NAMESPACE = namespace_owner("gpuguard", "6c1f0e4e-uid")
+
+
+def _wanted(policy: Policy, compile: Callable[[Policy], Compiled] = compile_policy) -> list[JSON]:
+    return wanted(policy, NAMESPACE, compile)
+
+
+def _stored(obj: JSON, resource_version: str = "1") -> JSON:
+    """`obj` as the API server lists it: defaults filled in, a resourceVersion."""
+    stored = copy.deepcopy(obj)
+    stored["metadata"]["resourceVersion"] = resource_version
+    stored["metadata"]["uid"] = "u-" + obj["metadata"]["name"]
+    stored["spec"].setdefault("matchPolicy", "Equivalent")
+    return stored
+
+
+def _have(objects: list[JSON]) -> list[Owned]:
+    found = [owned(_stored(obj)) for obj in objects]
+    return [o for o in found if o is not None]
+
+
+def test_the_default_policy_runs_admission_in_the_webhook_and_the_mode_is_validated() -> None:
+    assert default_policy().admission.mode == "webhook"
+    for mode in ("webhook", "native", "hybrid"):
+        assert make_policy({"admission": {"mode": mode}}).admission.mode == mode
+    with pytest.raises(PolicyError, match=r"admission\.mode"):
+        parse_policy("admission: {mode: both}")
+    with pytest.raises(PolicyError, match="admission"):
+        parse_policy("admission: {mod: hybrid}")
+
+
+def test_the_mode_changes_the_policy_hash_and_nothing_the_webhook_decides() -> None:
+    webhook, hybrid = make_policy({}), make_policy({"admission": {"mode": "hybrid"}})
+    assert webhook.hash != hybrid.hash
+    assert webhook.rules == hybrid.rules and webhook.namespaces == hybrid.namespaces
+
+
+@pytest.mark.parametrize("mode", ["native", "hybrid"])
+def test_the_engine_answers_the_same_in_every_mode_but_for_the_policy_hash_it_writes(mode: str) -> None:
+    webhook, other = make_policy({}), make_policy({"admission": {"mode": mode}})
+    outcomes: set[str] = set()
+    for obj in (gpu_pod(), job(), pod(nodeSelector={"nvidia.com/gpu.present": "true"})):
+        for run in (engine.mutate, engine.validate):
+            first, second = run(copy.deepcopy(obj), webhook), run(copy.deepcopy(obj), other)
+            assert first.decisions == second.decisions
+            assert json.dumps(first.obj).replace(webhook.hash, other.hash) == json.dumps(second.obj)
+            outcomes |= {d.outcome for d in first.decisions}
+    assert {"applied", "denied"} <= outcomes
+
+
+def test_webhook_mode_wants_nothing_and_hybrid_and_native_want_every_compiled_object_marked_as_owned() -> (
+    None
+):
+    assert _wanted(make_policy({})) == []
+    for mode in ("hybrid", "native"):
+        policy = make_policy({"admission": {"mode": mode}})
+        objects = _wanted(policy)
+        compiled = compile_policy(policy).objects
+        assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+            (o["kind"], o["metadata"]["name"]) for o in compiled
+        ]
+        for obj, plain in zip(objects, compiled, strict=True):
+            assert obj["metadata"]["labels"] == {**MANAGED_BY, OWNER_LABEL: OWNER}
+            # Uninstalling (the Namespace deleted) takes them too, through the garbage collector.
+            assert obj["metadata"]["ownerReferences"] == [
+                {"apiVersion": "v1", "kind": "Namespace", "name": "gpuguard", "uid": "6c1f0e4e-uid"}
+            ]
+            assert obj["spec"] == plain["spec"]
+            assert OWNER_LABEL not in plain["metadata"]["labels"]  # compile's own output is not marked
+
+
+def test_the_kill_switch_wants_no_native_object_in_any_mode() -> None:
+    assert _wanted(make_policy({"enabled": False, "admission": {"mode": "hybrid"}})) == []
+
+
+def test_a_policy_that_does_not_compile_raises_for_the_caller_to_keep_what_it_has() -> None:
+    def broken(_: object) -> object:
+        raise ValueError("no CEL for this")
+
+    with pytest.raises(ValueError, match="no CEL"):
+        _wanted(make_policy({"admission": {"mode": "hybrid"}}), broken)  # type: ignore[arg-type]
+
+
+def test_the_hash_names_what_the_policy_says_and_changes_with_it() -> None:
+    first = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    again = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    changed = _wanted(
+        make_policy(
+            {"admission": {"mode": "hybrid"}, "rules": {"gracefulTermination": {"marginSeconds": 25}}}
+        )
+    )
+    hashes = [
+        {o["metadata"]["name"]: o["metadata"]["annotations"][HASH_ANNOTATION] for o in objs}
+        for objs in (first, again, changed)
+    ]
+    assert hashes[0] == hashes[1]
+    assert hashes[0]["gpuguard-graceful-termination"] != hashes[2]["gpuguard-graceful-termination"]
+
+
+def test_a_namespace_made_again_gets_every_object_owned_by_the_new_one() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    before = _wanted(policy)
+    after = wanted(policy, namespace_owner("gpuguard", "another-uid"))
+    assert [w.verb for w in plan(after, _have(before))] == ["update"] * len(before)
+
+
+def test_from_nothing_every_object_is_created_policies_before_bindings() -> None:
+    want = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    writes = plan(want, [])
+    assert [w.verb for w in writes] == ["create"] * len(want)
+    kinds = [w.kind for w in writes]
+    last_policy = max(i for i, k in enumerate(kinds) if not k.endswith("Binding"))
+    first_binding = min(i for i, k in enumerate(kinds) if k.endswith("Binding"))
+    assert last_policy < first_binding
+    assert {w.name for w in writes} == {o["metadata"]["name"] for o in want}
+
+
+def test_what_the_cluster_holds_already_gets_no_write_though_the_server_filled_in_defaults() -> None:
+    want = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    assert plan(want, _have(want)) == []
+
+
+def test_an_owned_object_someone_edited_is_written_back() -> None:
+    want = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    stored = [_stored(o) for o in want]
+    binding = next(o for o in stored if o["kind"] == "ValidatingAdmissionPolicyBinding")
+    binding["spec"]["validationActions"] = ["Warn"]
+    have = [o for o in (owned(obj) for obj in stored) if o is not None]
+    writes = plan(want, have)
+    assert [(w.verb, w.kind, w.name) for w in writes] == [
+        ("update", binding["kind"], binding["metadata"]["name"])
+    ]
+
+
+def test_what_was_sent_holds_in_what_the_server_stored_with_its_defaults_and_not_after_an_edit() -> None:
+    sent = {"spec": {"rules": [{"a": 1}], "actions": ["Deny"]}, "metadata": {"labels": {"x": "1"}}}
+    labels = {"labels": {"x": "1", "other": "2"}}
+    spec: JSON = {"rules": [{"a": 1, "scope": "*"}], "actions": ["Deny"], "matchPolicy": "Equivalent"}
+    assert holds({"spec": spec, "metadata": labels}, sent)
+    assert not holds({"spec": {**spec, "actions": ["Warn"]}, "metadata": labels}, sent)
+    assert not holds({"spec": {**spec, "rules": [{"a": 1}, {"a": 2}]}, "metadata": labels}, sent)
+    assert not holds({"metadata": labels}, sent)
+
+
+def test_a_policy_change_updates_what_changed_at_the_version_read_and_deletes_what_is_no_longer_wanted() -> (
+    None
+):
+    before = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    # gracefulTermination changes; priority goes off everywhere (its MAP and binding go).
+    after = _wanted(
+        make_policy(
+            {
+                "admission": {"mode": "hybrid"},
+                "rules": {"gracefulTermination": {"marginSeconds": 25}, "priority": {"mode": "off"}},
+            }
+        )
+    )
+    writes = plan(after, _have(before))
+    updates = {w.name: w for w in writes if w.verb == "update"}
+    assert "gpuguard-graceful-termination" in updates
+    update = updates["gpuguard-graceful-termination"]
+    assert update.resource_version == "1" and update.body is not None
+    assert update.body["metadata"]["resourceVersion"] == "1"
+    deletes = [(w.kind, w.name) for w in writes if w.verb == "delete"]
+    assert deletes == [
+        ("MutatingAdmissionPolicyBinding", "gpuguard-priority-0"),
+        ("MutatingAdmissionPolicy", "gpuguard-priority"),
+    ]
+    assert all(w.resource_version == "1" for w in writes if w.verb == "delete")
+    assert not [w for w in writes if w.verb == "create"]
+
+
+def test_switching_back_to_webhook_deletes_every_owned_object_bindings_first() -> None:
+    before = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
+    writes = plan(_wanted(make_policy({})), _have(before))
+    assert {w.verb for w in writes} == {"delete"}
+    assert len(writes) == len(before)
+    kinds = [w.kind for w in writes]
+    assert max(i for i, k in enumerate(kinds) if k.endswith("Binding")) < min(
+        i for i, k in enumerate(kinds) if not k.endswith("Binding")
+    )
+
+
+def test_objects_without_the_owner_label_are_never_taken_for_gpuguards() -> None:
+    # What `gpuguard policy compile | kubectl apply` leaves: managed-by gpuguard, but the operator's.
+    applied_by_hand = _stored(compile_policy(make_policy({})).objects[0])
+    assert owned(applied_by_hand) is None
+    assert owned({"kind": "ConfigMap", "metadata": {"labels": {OWNER_LABEL: OWNER}}}) is None
+    mine = owned(_stored(_wanted(make_policy({"admission": {"mode": "native"}}))[0], "42"))
+    assert mine is not None and mine.resource_version == "42" and mine.hash
+
+
+# --- the leader's controller over real informers, its writes recorded -------------------------------
+
+
+class RecordedNativeWrites:
+    def __init__(self, refuse: str = "") -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.refuse = refuse
+
+    def create(self, resource: str, body: dict[str, Any]) -> None:
+        if body["metadata"]["name"] == self.refuse:
+            raise InvalidObjectError(f"{self.refuse}: spec.variables[0].expression: compilation failed")
+        self.calls.append(("create", resource, body["metadata"]["name"]))
+
+    def replace(self, resource: str, name: str, body: dict[str, Any]) -> None:
+        self.calls.append(("update", resource, name))
+
+    def delete(self, resource: str, name: str, resource_version: str) -> None:
+        self.calls.append(("delete", resource, name))
+
+
+def _controller(
+    policy: Policy, stored: list[JSON], writes: RecordedNativeWrites, **options: Any
+) -> NativePolicies:
+    def listed(resource: str) -> Listed:
+        return Listed(*(o for o in stored if RESOURCES[o["kind"]] == resource))
+
+    informers = owned_informers(listed, threading.Event())
+    for informer in informers:
+        assert informer.sync()
+    return NativePolicies(
+        owned=informers,
+        policy=lambda: policy,
+        writes=writes,
+        owner=lambda: NAMESPACE,
+        registry=registry(),
+        stop=threading.Event(),
+        **options,
+    )
+
+
+def test_the_leader_creates_what_hybrid_wants_and_then_has_nothing_left_to_write() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    writes = RecordedNativeWrites()
+    _controller(policy, [], writes).reconcile(KEY)
+    want = _wanted(policy)
+    assert [(verb, name) for verb, _, name in writes.calls] == [(w.verb, w.name) for w in plan(want, [])]
+    again = RecordedNativeWrites()
+    _controller(policy, [_stored(o) for o in want], again).reconcile(KEY)
+    assert again.calls == []
+
+
+def test_the_leader_deletes_only_its_own_objects_when_the_mode_goes_back_to_webhook() -> None:
+    mine = [_stored(o) for o in _wanted(make_policy({"admission": {"mode": "hybrid"}}))]
+    by_hand = [_stored(o) for o in compile_policy(make_policy({})).objects]  # same names, not labelled
+    writes = RecordedNativeWrites()
+    _controller(make_policy({}), mine + by_hand, writes).reconcile(KEY)
+    assert {verb for verb, _, _ in writes.calls} == {"delete"}
+    assert len(writes.calls) == len(mine)
+
+
+def test_a_policy_that_does_not_compile_keeps_the_objects_in_place() -> None:
+    mine = [_stored(o) for o in _wanted(make_policy({"admission": {"mode": "hybrid"}}))]
+
+    def broken(_: Policy) -> Compiled:
+        raise ValueError("unbalanced braces")
+
+    writes = RecordedNativeWrites()
+    changed = make_policy(
+        {"admission": {"mode": "hybrid"}, "rules": {"gracefulTermination": {"marginSeconds": 25}}}
+    )
+    controller = _controller(changed, mine, writes, compile=broken)
+    controller.reconcile(KEY)
+    assert writes.calls == []
+    problem = controller.status()["problem"]
+    assert isinstance(problem, str) and "does not compile" in problem and "unbalanced braces" in problem
+
+
+def test_an_object_the_api_server_refuses_is_reported_and_the_others_are_still_written() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    writes = RecordedNativeWrites(refuse="gpuguard-graceful-termination")
+    controller = _controller(policy, [], writes)
+    with pytest.raises(TerminalError, match="gpuguard-graceful-termination"):
+        controller.reconcile(KEY)
+    assert len(writes.calls) == len(_wanted(policy)) - 1
+    assert "refused MutatingAdmissionPolicy gpuguard-graceful-termination" in str(
+        controller.status()["problem"]
+    )
+    # Once the server takes it, the problem is gone.
+    writes.refuse = ""
+    controller.reconcile(KEY)
+    assert controller.status()["problem"] is None
+
+
+def test_a_replica_that_may_not_lead_sends_no_write() -> None:
+    writer = NativePolicyWriter(ApiClient(), Fence(lambda: 0.0))
+    with pytest.raises(NotLeaderError):
+        writer.create("validatingadmissionpolicies", {"metadata": {"name": "gpuguard-x"}})
+    with pytest.raises(NotLeaderError):
+        writer.delete("validatingadmissionpolicies", "gpuguard-x", "1")
