@@ -21,6 +21,7 @@ Real nodes (the node tier):
   images.py         container images built without a registry
   kubelet_api.py    the kubelet's gRPC APIs, compiled from the pinned .proto files
   device_plugin.py  a fake accelerator device plugin on the kubelet's device plugin API
+  dra_driver.py     a fake DRA driver on the kubelet's DRA and device health APIs, with its ResourceSlice
   responders.py     gpuguard's controllers and node agents on the real nodes
   workloads.py      workloads for real nodes and what the cluster did with them
 The run:
@@ -29,6 +30,8 @@ The run:
 The unit tier's seams:
   wired.py          both controllers wired as in production over real informers on listed objects,
                     writes and Events recorded, a clock the test moves
+  apiserver.py      an in-process API server behind the real Kubernetes client's connection pool:
+                    lists, watches held open, writes at a resourceVersion, injected refusals, no socket
 """
 
 from pathlib import Path

@@ -25,6 +25,7 @@ import pytest
 from tests.harness.admission import submit
 from tests.harness.controllers import DRA_DRIVER, NAMESPACE, ControllersProcess, eventually
 from tests.harness.controlplane import ControlPlane, wait_until
+from tests.harness.dra_driver import HEALTHY, UNHEALTHY, FakeDraDriver, device_class
 from tests.harness.images import BUSYBOX_IMAGE
 from tests.harness.responders import holds_for
 from tests.harness.workloads import HOSTNAME_LABEL, container_status, get_pod, running, wait_for_pod
@@ -41,7 +42,6 @@ from .conftest import (
     NodeCluster,
     responders_policy,
 )
-from .dra_driver import HEALTHY, UNHEALTHY, FakeDraDriver, device_class
 from .test_device_failure import TERM_RECORDER_EXIT_143, disruption_target, job_pods, remove_hold
 from .test_graceful_termination import HOLD, TERM_RECORDER, uptime
 

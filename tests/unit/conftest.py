@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
-from tests.unit.apiserver import FakeApiServer
+from tests.harness.apiserver import FakeApiServer
 
 # Property tests assert behaviour, not speed: on a loaded machine one example can take longer than
 # hypothesis's default 200 ms deadline, which would fail a correct test. Timing lives in bench/.
@@ -27,7 +27,7 @@ def stop() -> Iterator[threading.Event]:
 
 @pytest.fixture
 def apiserver(stop: threading.Event) -> Iterator[FakeApiServer]:
-    """An in-process API server (apiserver.py); when the test ends, the watches it holds open end, and
+    """An in-process API server (tests/harness/apiserver.py); when the test ends, the watches it holds open end, and
     with `stop` set the threads that held them do too."""
     server = FakeApiServer()
     yield server

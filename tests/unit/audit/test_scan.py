@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness.apiserver import FakeApiServer
 from tests.harness.manifests import container, job, templated
-from tests.unit.apiserver import FakeApiServer
 from tests.unit.audit.test_audit import placed
 from webhook.audit import scan
 from webhook.kube.client import ApiClient, metadata_of

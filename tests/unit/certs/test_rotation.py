@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.apiserver import FakeApiServer
+from tests.harness.apiserver import FakeApiServer
 from webhook.certs import tls
 from webhook.certs.rotation import (
     EXPIRY_ANNOTATION,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.unit.apiserver import FakeApiServer
+from tests.harness.apiserver import FakeApiServer
 from webhook.kube.certificates import SecretStore, StoredSecret, WebhookConfigurations, ca_bundle_patch
 
 NAMESPACE, NAME = "gpuguard", "gpuguard-tls"

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.unit.apiserver import INITIAL_EVENTS_END, FakeApiServer
+from tests.harness.apiserver import INITIAL_EVENTS_END, FakeApiServer
 from webhook.kube.client import (
     AccessError,
     ConfigError,

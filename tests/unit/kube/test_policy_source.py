@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.apiserver import FakeApiServer
+from tests.harness.apiserver import FakeApiServer
 from webhook.kube.client import AccessError
 from webhook.kube.events import EventRecorder
 from webhook.kube.policy_source import PolicyConfigMap, read_policy_text

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.apiserver import FakeApiServer, Request
+from tests.harness.apiserver import FakeApiServer, Request
 from webhook.policy.model import CONFIGMAP_KEY, parse_policy
 from webhook.processes import controllers
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.apiserver import FakeApiServer, Request
+from tests.harness.apiserver import FakeApiServer, Request
 from webhook.certs.rotation import Settings
 from webhook.kube import client as kube_client
 from webhook.policy.model import CONFIGMAP_KEY, default_policy, parse_policy
