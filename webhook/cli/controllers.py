@@ -56,7 +56,7 @@ def run_controllers(args: argparse.Namespace) -> int:
     from webhook.audit.background import ReportLoop  # the audit's report loop, on the leader
 
     def reports(api: ApiClient, policy: Callable[[], Policy], stop: threading.Event) -> ReportLoop:
-        # The audit's PolicyReports kept current (README, "Audit"), every audit.reportIntervalSeconds.
+        # The audit's PolicyReports kept current (docs/audit.md), every audit.reportIntervalSeconds.
         return ReportLoop.for_cluster(api, policy, stop=stop)
 
     return controllers.run(options, [reports])
