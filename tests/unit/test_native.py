@@ -15,14 +15,9 @@ import pytest
 from webhook.cli import main
 from webhook.policy import hostpaths, images
 from webhook.policy.model import RULE_IDS, LabelSelector, default_policy, parse_policy
-from webhook.policy.native import (
-    _REFERENCE,
-    NAME_LABEL,
-    compile_policy,
-    glob_regex,
-    literal,
-    regions,
-)
+from webhook.policy.native import NAME_LABEL, compile_policy, regions
+from webhook.policy.nativecel import glob_regex, literal
+from webhook.policy.nativevalidating import REFERENCE
 
 SELECTORS_POLICY = """
 mode: enforce
@@ -156,7 +151,7 @@ def test_globs_translate_as_fnmatch_reads_them(glob: str, name: str) -> None:
     ],
 )
 def test_the_reference_grammar_is_the_parsers(image: str) -> None:
-    assert bool(re.fullmatch(_REFERENCE, image)) == (images.parse(image) is not None)
+    assert bool(re.fullmatch(REFERENCE, image)) == (images.parse(image) is not None)
 
 
 def test_host_path_patterns_are_matched_component_by_component() -> None:

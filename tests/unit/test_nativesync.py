@@ -17,7 +17,8 @@ from webhook.kube.controller import TerminalError
 from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
 from webhook.policy import engine
 from webhook.policy.model import Policy, PolicyError, default_policy, parse_policy
-from webhook.policy.native import MANAGED_BY, Compiled, compile_policy
+from webhook.policy.native import Compiled, compile_policy
+from webhook.policy.nativecel import MANAGED_BY
 from webhook.policy.nativesync import (
     HASH_ANNOTATION,
     OWNER,
