@@ -21,7 +21,7 @@ from webhook.policy.nativevalidating import NOT_AN_EXEMPT_POD, REFERENCE, image_
 from webhook.policy.workload import JSON
 
 
-class _Driver:
+class Driver:
     """rules.driver_requirement and nodeaffinity's minimum on an integer label, for one root object."""
 
     def __init__(self, policy: Policy, root: str) -> None:
@@ -137,7 +137,7 @@ def _empty_term(term: str) -> str:
 
 
 def driver_compatibility(policy: Policy, cel: Cel) -> JSON:
-    driver = _Driver(policy, "object")
+    driver = Driver(policy, "object")
     at_least = cel_map({"key": driver.key, "operator": "'Gt'", "values": "[string(variables.minimum - 1)]"})
     required = cel_map({"nodeSelectorTerms": f"[{cel_map({'matchExpressions': f'[{at_least}]'})}]"})
     spec = "variables.spec"
@@ -171,9 +171,9 @@ def driver_compatibility(policy: Policy, cel: Cel) -> JSON:
 
 def driver_compatibility_check(policy: Policy, cel: Cel) -> JSON:
     """rules.driver_compatibility_check, the lookup of current nodes aside."""
-    now, before = _Driver(policy, "object"), _Driver(policy, "oldObject")
+    now, before = Driver(policy, "object"), Driver(policy, "oldObject")
 
-    def violates(driver: _Driver, minimum: str) -> str:
+    def violates(driver: Driver, minimum: str) -> str:
         return f"({driver.problem} || ({minimum} > 0 && ({driver.excluded(minimum)} || !{driver.guarantees(minimum)})))"
 
     return validating_policy(
