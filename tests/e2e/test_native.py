@@ -145,7 +145,7 @@ def _in(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     return placed
 
 
-def _stored(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+def stored_object(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """The object a dry run would have stored, without what the API server makes per object: its uid
     (in a Job's selector and pod labels too) and a generated name."""
     obj: dict[str, Any] = json.loads(result.stdout)
@@ -198,13 +198,13 @@ def assert_same_outcome(
     assert native_warned == webhook_warned, f"{where}: {by_native.stderr!r} vs {by_webhook.stderr!r}"
     if by_native.returncode != 0:
         return
-    native_stored, webhook_stored = _stored(by_native), _stored(by_webhook)
+    native_stored, webhook_stored = stored_object(by_native), stored_object(by_webhook)
     assert native_stored == webhook_stored, (
         f"{where}:\n--- native\n{yaml.safe_dump(native_stored)}\n--- webhook\n{yaml.safe_dump(webhook_stored)}"
     )
     again = dry_run(plane, _in(_resubmittable(json.loads(by_native.stdout)), native))
     assert again.returncode == 0, again.stderr
-    assert _stored(again) == native_stored, f"{where} changed on a second pass"
+    assert stored_object(again) == native_stored, f"{where} changed on a second pass"
 
 
 @pytest.mark.parametrize("path", FILES, ids=[path.stem for path in FILES])
