@@ -195,3 +195,16 @@ def test_compile_says_what_is_lost_when_the_policy_runs_no_webhook(
     out = capsys.readouterr().out
     assert "is lost: admission.mode is native, no webhook runs" in out
     assert "LOST (ADMISSION.MODE NATIVE)" in out and "LEFT TO THE WEBHOOK" not in out
+    assert "narrows gpuguard's webhooks to match nothing" in out
+
+
+def test_compile_says_what_reaches_the_webhooks_in_hybrid(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "hybrid.yaml"
+    policy.write_text("admission: {mode: hybrid}\n")
+    assert main(["policy", "compile", "--policy", str(policy)]) == 0
+    comments = [line for line in capsys.readouterr().out.splitlines() if line.startswith("#")]
+    called = comments[comments.index("# The controllers' leader narrows gpuguard's webhooks to:") :]
+    assert "#   ValidatingWebhookConfiguration:" in called
+    assert "#     pods naming a node (whether it is an accelerator node is a cluster fact)" in called
