@@ -34,6 +34,7 @@ Deciding:
     nativevalidating.py  the validating rules as ValidatingAdmissionPolicies
     nativedriver.py  the driver minimum as node affinity added and checked natively
     nativesync.py    what the controllers' leader keeps in the cluster for `admission.mode`
+    nativegaps.py    what each rule leaves to the webhook, as CEL over an admission request
     nativenarrow.py  which requests gpuguard's webhooks still see beside the native policies
     health/          the device-health verdicts of the controllers and the node agent
 """

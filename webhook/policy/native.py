@@ -13,7 +13,8 @@ configuration would need each kind's own type.
 
 This module puts the policy together (the rules' policies, the namespace regions their bindings cover,
 the gaps); the rules themselves are in nativemutating.py, nativevalidating.py and nativedriver.py, the
-CEL text they share in nativecel.py.
+CEL text they share in nativecel.py. In `hybrid`, a policy stands aside where nativegaps.py leaves the
+rule to the webhook and the two would answer differently.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.policy import nativegaps
 from webhook.policy.model import LabelSelector, Mode, NamespaceOverride, Policy, RuleId
 from webhook.policy.nativecel import API_VERSION, MANAGED_BY, Cel
 from webhook.policy.nativedriver import driver_compatibility, driver_compatibility_check
@@ -212,9 +214,17 @@ def compile_policy(policy: Policy) -> Compiled:
             Gap("driverCompatibility", "multiNode.sameDriverVersion: one driver version across a Job's pods")
         )
     gaps[:0] = ALWAYS_WEBHOOK
+    # In hybrid the webhook decides what nativegaps leaves to it; a policy that would answer otherwise
+    # stands aside there.
+    left = (
+        [*nativegaps.mutating(policy), *nativegaps.validating(policy)]
+        if policy.admission.mode == "hybrid"
+        else []
+    )
     policies: list[JSON] = []
     bindings: list[JSON] = []
     for rule, obj in built:
+        obj["spec"]["matchConditions"] += nativegaps.stand_aside(left, rule)
         own = _bindings(policy, rule, obj, gaps)
         if own:
             policies.append(obj)

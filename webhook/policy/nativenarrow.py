@@ -20,11 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.policy import nativegaps
 from webhook.policy.model import MUTATING_RULES, Mode, Policy, RuleId
 from webhook.policy.native import regions
-from webhook.policy.nativecel import JOB, SPEC, TEMPLATE_RESOURCES, literal
-from webhook.policy.nativedriver import Driver
-from webhook.policy.rules import GANG_ANNOTATION, MAX_POD_FAILURE_POLICY_RULES
+from webhook.policy.nativecel import TEMPLATE_RESOURCES, literal
 from webhook.policy.workload import JSON
 
 CONDITION_NAME = "gpuguard.io/admission-mode"
@@ -64,10 +63,6 @@ def _active(policy: Policy, rule: RuleId) -> bool:
     return _modes(policy, rule) != {"off"}
 
 
-def _on_spec(condition: str) -> str:
-    return f"[{SPEC}].exists(s, {condition})"
-
-
 def _mutating(policy: Policy) -> tuple[str | None, list[str]]:
     for rule_id in MUTATING_RULES:
         unmatched = _modes(policy, rule_id) - {"off", "enforce"}
@@ -76,95 +71,17 @@ def _mutating(policy: Policy) -> tuple[str | None, list[str]]:
     if _active(policy, "priority") and policy.priority_value(policy.rules.priority.className) is None:
         return None, ["everything: the priority class is not in the policy's priorityClasses"]
     reasons = [("other workload kinds", _other_kinds(_MUTATED))]
-    if _active(policy, "priority"):
-        # The Priority plugin has written the cluster's globalDefault class into a pod without one.
-        reasons.append(
-            (
-                "pods naming a priority class other than the policy's (it may be the globalDefault)",
-                "request.kind.kind == 'Pod' && "
-                + _on_spec(
-                    "has(s.priorityClassName) && s.priorityClassName != ''"
-                    f" && s.priorityClassName != {literal(policy.rules.priority.className)}"
-                ),
-            )
-        )
-    if _active(policy, "podFailurePolicy"):
-        rule = policy.rules.podFailurePolicy
-        added = sum(
-            [rule.ignoreDisruptions, bool(rule.deviceFailureExitCodes), bool(rule.nonRetriableExitCodes)]
-        )
-        job = "variables_job"
-        checks = [
-            f"(has({job}.podFailurePolicy) && has({job}.podFailurePolicy.rules) &&"
-            f" size({job}.podFailurePolicy.rules) > {MAX_POD_FAILURE_POLICY_RULES - added})",
-            # A gang: stated by annotation or Indexed (rules.is_gang), failed whole by FailJob rules.
-            f"(has(object.metadata.annotations) && {literal(GANG_ANNOTATION)} in object.metadata.annotations)",
-            "(request.kind.kind == 'CronJob' && has(object.spec.jobTemplate.metadata) &&"
-            " has(object.spec.jobTemplate.metadata.annotations) &&"
-            f" {literal(GANG_ANNOTATION)} in object.spec.jobTemplate.metadata.annotations)",
-        ]
-        if rule.gang.indexedJobs != "never":
-            checks.append(f"(has({job}.completionMode) && {job}.completionMode == 'Indexed')")
-        if rule.onFailureJobs == "skip":
-            checks.append(
-                f"(has({job}.template.spec.restartPolicy) && {job}.template.spec.restartPolicy == 'OnFailure')"
-            )
-        reasons.append(
-            (
-                "Jobs the webhook warns about (OnFailure skipped, rules past the limit) or treats as gangs",
-                f"request.kind.kind in ['Job', 'CronJob'] && [{JOB}].exists({job}, {' || '.join(checks)})",
-            )
-        )
-    if (
-        _active(policy, "driverCompatibility")
-        and policy.rules.driverCompatibility.multiNode.sameDriverVersion
-    ):
-        reasons.append(
-            ("workloads other than pods (multiNode.sameDriverVersion)", "request.kind.kind != 'Pod'")
-        )
+    reasons += [
+        (left.what, left.expression) for left in nativegaps.mutating(policy) if _active(policy, left.rule)
+    ]
     return _joined(reasons)
 
 
 def _validating(policy: Policy) -> tuple[str | None, list[str]]:
     reasons = [("other workload kinds", _other_kinds(_VALIDATED))]
-    if _active(policy, "acceleratorNodeGuard"):
-        classes = literal(sorted(policy.priorityClasses))
-        reasons += [
-            (
-                "pods naming a node (whether it is an accelerator node is a cluster fact)",
-                "request.kind.kind == 'Pod' && " + _on_spec("has(s.nodeName) && s.nodeName != ''"),
-            ),
-            (
-                "templates naming a priority class the policy does not list (its value is a cluster fact)",
-                "request.kind.kind != 'Pod' && "
-                + _on_spec(
-                    "has(s.priorityClassName) && s.priorityClassName != '' &&"
-                    f" !s.priorityClassName.startsWith('system-') && !(s.priorityClassName in {classes})"
-                ),
-            ),
-            (
-                "workloads with DRA claims (whether a claim's device class is an accelerator is a cluster fact)",
-                _on_spec("has(s.resourceClaims) && size(s.resourceClaims) > 0"),
-            ),
-        ]
-    if _active(policy, "driverCompatibility"):
-        driver = Driver(policy, "object")
-        reasons.append(
-            (
-                "workloads stating a driver minimum (the warning when no node has it is a cluster fact)",
-                "true" if driver.by_image else driver.stated,
-            )
-        )
-    if _active(policy, "trustedDeviceSoftware"):
-        reasons.append(
-            (
-                "updates of workloads mounting a hostPath, and hostPaths with '..' (resolved by the webhook)",
-                _on_spec(
-                    "has(s.volumes) && s.volumes.exists(v, has(v.hostPath) && (request.operation == 'UPDATE' ||"
-                    " (has(v.hostPath.path) && v.hostPath.path.contains('..'))))"
-                ),
-            )
-        )
+    reasons += [
+        (left.what, left.expression) for left in nativegaps.validating(policy) if _active(policy, left.rule)
+    ]
     return _joined(reasons)
 
 
