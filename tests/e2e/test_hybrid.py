@@ -4,7 +4,8 @@ it. Switching to hybrid creates them (and the API server applies them), a policy
 changed and deletes what is no longer wanted, a refused policy keeps them, switching back to webhook
 deletes gpuguard's own and nothing else, and a replica that does not hold the Lease writes nothing.
 With gpuguard's webhook registered too: in hybrid its webhooks are narrowed to what the native policies
-cannot decide (a plain GPU pod never reaches it, a pod naming a node does), in native to nothing.
+cannot decide (a plain GPU pod never reaches it, a pod naming a node or holding a DRA claim does, and the
+native policies stand aside for the claim), in native to nothing.
 
 A control plane of its own: the objects bind every namespace, and would act on the suite's other tests.
 """
@@ -47,7 +48,7 @@ from webhook_harness import (
 
 from webhook.controllers import series
 from webhook.controllers.nativesync import NAME
-from webhook.policy.engine import POLICY_ANNOTATION
+from webhook.policy.engine import POLICY_ANNOTATION, RULES_ANNOTATION
 from webhook.policy.model import CONFIGMAP_KEY, parse_policy
 from webhook.policy.nativenarrow import CONDITION_NAME
 from webhook.policy.nativesync import HASH_ANNOTATION, OWNER, OWNER_LABEL, namespace_owner, wanted
@@ -61,6 +62,7 @@ HYBRID = {**BASE, "admission": {"mode": "hybrid"}}
 NATIVE = {**BASE, "admission": {"mode": "native"}}
 WEBHOOK_CONFIG = "gpuguard"  # the name `gpuguard controllers` narrows by default
 GPU_NODE = "hybrid-gpu-node"
+NIC_CLASS = "nic.hybrid.example.com"  # a DRA device class the default policy's deviceClasses do not match
 CHANGED = {**HYBRID, "rules": {"gracefulTermination": {"marginSeconds": 25}, "priority": {"mode": "off"}}}
 
 Start = Callable[..., ControllersProcess]
@@ -325,7 +327,12 @@ def webhook(cluster: ControlPlane, tmp_path: Path) -> Iterator[WebhookProcess]:
         "metadata": {"name": GPU_NODE},
         "status": {"capacity": {"cpu": "8", "nvidia.com/gpu": "4"}},
     }
-    submit(cluster, "apply", node)
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": NIC_CLASS},
+    }
+    submit(cluster, "apply", {"apiVersion": "v1", "kind": "List", "items": [node, device_class]})
     workdir = tmp_path / "webhook"
     workdir.mkdir()
     process = WebhookProcess(
@@ -347,6 +354,7 @@ def webhook(cluster: ControlPlane, tmp_path: Path) -> Iterator[WebhookProcess]:
         unregister(cluster, WEBHOOK_CONFIG)
         process.stop()
         cluster.kubectl("delete", "node", GPU_NODE, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "deviceclass", NIC_CLASS, "--ignore-not-found", check=False)
 
 
 def set_both_policies(plane: ControlPlane, webhook: WebhookProcess, policy: dict[str, Any]) -> None:
@@ -398,6 +406,17 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     namespace = create_namespace(cluster, "narrowed")
     plain, on_gpu_node = gpu_pod("plain", namespace), cpu_pod("named", namespace)
     on_gpu_node["spec"]["nodeName"] = GPU_NODE
+    # A CPU pod with a NIC claim: no accelerator workload for the webhook, which knows the claim's class.
+    nic = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "nic", "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": NIC_CLASS}}]}},
+    }
+    submit(cluster, "create", nic)
+    with_nic = cpu_pod("nic", namespace)
+    with_nic["spec"]["resourceClaims"] = [{"name": "nic", "resourceClaimName": "nic"}]
+    with_nic["spec"]["containers"][0]["resources"]["claims"] = [{"name": "nic"}]
 
     # webhook mode: gpuguard decides both, and its webhooks stay as registered.
     eventually(
@@ -409,6 +428,8 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     assert seen and by_webhook["metadata"]["annotations"]
     denied, seen = admitted_by(webhook, cluster, on_gpu_node)
     assert seen and f"nodeName {GPU_NODE}" in denied, denied
+    nic_by_webhook, seen = admitted_by(webhook, cluster, with_nic)
+    assert seen and isinstance(nic_by_webhook, dict) and "annotations" not in nic_by_webhook["metadata"]
     assert narrowing_conditions(cluster) == [None, None]
 
     # hybrid: narrowed once the native objects are in force; the plain GPU pod is the MAPs' alone and
@@ -424,6 +445,8 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     assert not seen, "the plain GPU pod reached the webhook"
     assert by_native == by_webhook
     assert admitted_by(webhook, cluster, on_gpu_node) == (denied, True)
+    # The native policies, which count every claim, stand aside for it: the webhook decides, as before.
+    assert admitted_by(webhook, cluster, with_nic) == (nic_by_webhook, True)
 
     # native: no webhook is called at all, and a pod naming a node is what native mode loses.
     set_both_policies(cluster, webhook, NATIVE)
@@ -435,6 +458,9 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     assert admitted_by(webhook, cluster, plain) == (by_webhook, False)
     admitted, seen = admitted_by(webhook, cluster, on_gpu_node)
     assert not seen and isinstance(admitted, dict)
+    # and a claim counts whatever its class: the NIC pod is mutated as an accelerator workload.
+    as_accelerator, seen = admitted_by(webhook, cluster, with_nic)
+    assert not seen and "gracefulTermination" in as_accelerator["metadata"]["annotations"][RULES_ANNOTATION]
 
     # Back to webhook: the webhooks un-narrowed, then gpuguard's own objects deleted.
     set_both_policies(cluster, webhook, BASE)

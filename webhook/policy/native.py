@@ -209,6 +209,14 @@ def compile_policy(policy: Policy) -> Compiled:
         gaps.append(
             Gap("priority", "pods: the class is not in the policy's priorityClasses, so its value is unknown")
         )
+    if policy.accelerators.resourceClaims:
+        gaps.append(
+            Gap(
+                "mutating rules",
+                "a workload's DRA claims count whatever their device class (a cluster fact): one whose claims"
+                " ask for no accelerator is mutated as an accelerator workload",
+            )
+        )
     if policy.rules.driverCompatibility.multiNode.sameDriverVersion:
         gaps.append(
             Gap("driverCompatibility", "multiNode.sameDriverVersion: one driver version across a Job's pods")
@@ -216,15 +224,15 @@ def compile_policy(policy: Policy) -> Compiled:
     gaps[:0] = ALWAYS_WEBHOOK
     # In hybrid the webhook decides what nativegaps leaves to it; a policy that would answer otherwise
     # stands aside there.
-    left = (
-        [*nativegaps.mutating(policy), *nativegaps.validating(policy)]
-        if policy.admission.mode == "hybrid"
-        else []
-    )
+    hybrid = policy.admission.mode == "hybrid"
+    left = {
+        "MutatingAdmissionPolicy": nativegaps.mutating(policy) if hybrid else [],
+        "ValidatingAdmissionPolicy": nativegaps.validating(policy) if hybrid else [],
+    }
     policies: list[JSON] = []
     bindings: list[JSON] = []
     for rule, obj in built:
-        obj["spec"]["matchConditions"] += nativegaps.stand_aside(left, rule)
+        obj["spec"]["matchConditions"] += nativegaps.stand_aside(left[obj["kind"]], rule)
         own = _bindings(policy, rule, obj, gaps)
         if own:
             policies.append(obj)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webhook.policy.model import Policy, RuleId
+from webhook.policy.model import MUTATING_RULES, Policy, RuleId
 from webhook.policy.nativecel import JOB, SPEC, literal
 from webhook.policy.nativedriver import Driver
 from webhook.policy.rules import GANG_ANNOTATION, MAX_POD_FAILURE_POLICY_RULES
@@ -29,6 +29,18 @@ class Left:
 
 def _on_spec(condition: str) -> str:
     return f"[{SPEC}].exists(s, {condition})"
+
+
+_CLAIMS = _on_spec("has(s.resourceClaims) && size(s.resourceClaims) > 0")
+
+
+def _claims(policy: Policy, rules: tuple[RuleId, ...], whose: str) -> list[Left]:
+    """Workloads with DRA claims, for each of `rules`: the native policies count every claim, the webhook
+    only those of an accelerator device class (a cluster fact)."""
+    if not policy.accelerators.resourceClaims:
+        return []
+    what = f"workloads with DRA claims (whether a claim's device class is an accelerator, for {whose}, is a cluster fact)"
+    return [Left(rule, what, _CLAIMS, exclusive=True) for rule in rules]
 
 
 def mutating(policy: Policy) -> list[Left]:
@@ -69,6 +81,7 @@ def mutating(policy: Policy) -> list[Left]:
             exclusive=True,
         ),
     ]
+    left += _claims(policy, MUTATING_RULES, "the mutations")
     if policy.rules.driverCompatibility.multiNode.sameDriverVersion:
         left.append(
             Left(
@@ -101,12 +114,7 @@ def validating(policy: Policy) -> list[Left]:
             ),
             exclusive=True,
         ),
-        Left(
-            "acceleratorNodeGuard",
-            "workloads with DRA claims (whether a claim's device class is an accelerator is a cluster fact)",
-            _on_spec("has(s.resourceClaims) && size(s.resourceClaims) > 0"),
-            exclusive=True,
-        ),
+        *_claims(policy, ("acceleratorNodeGuard", "driverCompatibility"), "the guard and the driver check"),
         Left(
             "driverCompatibility",
             "workloads stating a driver minimum (the warning when no node has it is a cluster fact)",
@@ -126,7 +134,8 @@ def validating(policy: Policy) -> list[Left]:
 
 
 def stand_aside(left: list[Left], rule: RuleId) -> list[dict[str, str]]:
-    """The match condition that keeps `rule`'s native policy off what the webhook decides for it."""
+    """The match condition that keeps `rule`'s native policy off what the webhook decides for it; `left`
+    is what the webhook of the policy's own kind decides (`mutating` for a MAP, `validating` for a VAP)."""
     mine = [f"({item.expression})" for item in left if item.rule == rule and item.exclusive]
     if not mine:
         return []

@@ -86,7 +86,8 @@ def _validating(policy: Policy) -> tuple[str | None, list[str]]:
 
 
 def _joined(reasons: list[tuple[str, str]]) -> tuple[str | None, list[str]]:
-    return " || ".join(f"({expression})" for _, expression in reasons), [what for what, _ in reasons]
+    once = dict.fromkeys(reasons)  # a reason several rules leave to the webhook is sent once
+    return " || ".join(f"({expression})" for _, expression in once), [what for what, _ in once]
 
 
 def narrowing(policy: Policy) -> Narrowing:
