@@ -62,6 +62,9 @@ HYBRID = {**BASE, "admission": {"mode": "hybrid"}}
 NATIVE = {**BASE, "admission": {"mode": "native"}}
 WEBHOOK_CONFIG = "gpuguard"  # the name `gpuguard controllers` narrows by default
 GPU_NODE = "hybrid-gpu-node"
+# Every native object written, then 5 s of settling: the 57 KB trusted-device-software VAP alone took over
+# 30 s to update on a machine at load 6 on 2 cores (each attempt timed out at 10 s and was sent again).
+NARROWED_TIMEOUT = 120.0
 NIC_CLASS = "nic.hybrid.example.com"  # a DRA device class the default policy's deviceClasses do not match
 CHANGED = {**HYBRID, "rules": {"gracefulTermination": {"marginSeconds": 25}, "priority": {"mode": "off"}}}
 
@@ -435,7 +438,9 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     # hybrid: narrowed once the native objects are in force; the plain GPU pod is the MAPs' alone and
     # stored as the webhook stores it; the pod naming a node still reaches gpuguard, denied as before.
     set_both_policies(cluster, webhook, HYBRID)
-    eventually(lambda: narrowed(cluster), what="the webhooks narrowed", processes=[leader])
+    eventually(
+        lambda: narrowed(cluster), what="the webhooks narrowed", timeout=NARROWED_TIMEOUT, processes=[leader]
+    )
     assert hashes(owned(cluster)) == wanted_hashes(cluster, HYBRID)
     assert leader.status()["nativePolicies"]["narrowed"] == {
         "MutatingWebhookConfiguration": True,
@@ -453,6 +458,7 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     eventually(
         lambda: narrowing_conditions(cluster) == ["false", "false"],
         what="the webhooks narrowed to nothing",
+        timeout=NARROWED_TIMEOUT,
         processes=[leader],
     )
     assert admitted_by(webhook, cluster, plain) == (by_webhook, False)
