@@ -36,7 +36,9 @@ from webhook_harness import (
     dry_run,
     dry_run_until,
     gpu_deployment,
+    gpu_job,
     gpu_pod,
+    gpu_statefulset,
     gpuguard_annotations,
     install_priority_classes,
     kubectl_warnings,
@@ -213,6 +215,31 @@ def test_native_policies_store_what_the_webhook_stores(
 ) -> None:
     for obj in _workloads(path):
         assert_same_outcome(control_plane, obj, native, webhook_namespace, f"{path.name} {_key(obj)}")
+
+
+@pytest.mark.parametrize("owner", ["JobSet", "LeaderWorkerSet"])
+def test_what_a_group_made_from_its_template_is_left_as_it_is(
+    control_plane: ControlPlane, native: str, webhook_namespace: str, owner: str
+) -> None:
+    """A JobSet's Jobs and a LeaderWorkerSet's StatefulSets were mutated with their owner's template:
+    neither the webhook nor the native policies touch them again."""
+    made = gpu_job("made", "") if owner == "JobSet" else gpu_statefulset("made", "")
+    # Its class set, as its owner's mutated template gave it: admitted, so that what it stores shows.
+    made["spec"]["template"]["spec"]["priorityClassName"] = default_policy().rules.priority.className
+    # Labels of its own: a Job without any gets its template's, and with them the uid the server generated.
+    made["metadata"]["labels"] = {"group": "made"}
+    made["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "example.com/v1",
+            "kind": owner,
+            "name": "group",
+            "uid": "0f1e2d3c",
+            "controller": True,
+        }
+    ]
+    assert_same_outcome(control_plane, made, native, webhook_namespace, f"a {made['kind']} of a {owner}")
+    stored = stored_object(dry_run(control_plane, _in(made, native)))
+    assert "annotations" not in stored["metadata"], stored
 
 
 @pytest.fixture(scope="module")

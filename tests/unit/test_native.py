@@ -208,3 +208,16 @@ def test_compile_says_what_reaches_the_webhooks_in_hybrid(
     called = comments[comments.index("# The controllers' leader narrows gpuguard's webhooks to:") :]
     assert "#   ValidatingWebhookConfiguration:" in called
     assert "#     pods naming a node (whether it is an accelerator node is a cluster fact)" in called
+
+
+def test_objects_made_from_a_group_template_are_left_to_their_owner() -> None:
+    """engine._mutation_skip_reason: a JobSet's Jobs, a LeaderWorkerSet's StatefulSets, ... pass by."""
+    policy = default_policy()
+    owners = [kind.kind for kind in policy.workload_kinds.kinds if not kind.core]
+    maps = [o for o in compile_policy(policy).objects if o["kind"] == "MutatingAdmissionPolicy"]
+    assert maps and "JobSet" in owners and "LeaderWorkerSet" in owners
+    for obj in maps:
+        (condition,) = [
+            c for c in obj["spec"]["matchConditions"] if c["name"] == "not-made-from-a-group-template"
+        ]
+        assert all(f'"{owner}"' in condition["expression"] for owner in owners)

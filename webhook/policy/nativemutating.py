@@ -119,7 +119,7 @@ def mutating_policy(
             # and needed when that mutation adds what a rule looks at.
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {"resourceRules": resource_rules(groups, ["CREATE"])},
-            "matchConditions": [*_mutation_conditions(cel, pods=pods), *conditions],
+            "matchConditions": [*_mutation_conditions(policy, cel, pods=pods), *conditions],
             "variables": [
                 {"name": v["name"], "expression": _as_data(v["expression"])} for v in [*variables, changes]
             ],
@@ -128,8 +128,9 @@ def mutating_policy(
     }
 
 
-def _mutation_conditions(cel: Cel, pods: bool) -> list[JSON]:
-    """engine._mutation_skip_reason: DaemonSet, Job and mirror pods pass by; only accelerator workloads."""
+def _mutation_conditions(policy: Policy, cel: Cel, pods: bool) -> list[JSON]:
+    """engine._mutation_skip_reason: DaemonSet, Job and mirror pods pass by, and objects made from the
+    template of a kind gpuguard mutates whole; only accelerator workloads."""
     conditions = []
     if pods:
         conditions.append(
@@ -139,6 +140,15 @@ def _mutation_conditions(cel: Cel, pods: bool) -> list[JSON]:
                 f" || {mirror('object')})",
             }
         )
+    # A JobSet's Jobs, a LeaderWorkerSet's StatefulSets: made from templates mutated with their owner
+    # (kinds.Registry.owns_templates_of; the webhook alone handles those owners' kinds).
+    owners = [kind.kind for kind in policy.workload_kinds.kinds if not kind.core]
+    conditions.append(
+        {
+            "name": "not-made-from-a-group-template",
+            "expression": f"request.kind.kind == 'Pod' || !{controlled_by('object', owners)}",
+        }
+    )
     conditions.append(
         {"name": "accelerator-workload", "expression": f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})"}
     )
