@@ -1,6 +1,7 @@
 """What a pod create costs: the real kube-apiserver alone, with gpuguard's webhooks, with the native
 MutatingAdmissionPolicy doing gpuguard's readiness-toleration injection, with the whole policy compiled
-into native policies (`gpuguard policy compile`), in one run.
+into native policies (`gpuguard policy compile`), and with both as `admission.mode: hybrid` runs them
+(gpuguard's webhooks narrowed to what the native policies leave to them), in one run.
 
 GPU pods (the shared corpus' accelerator workloads as bare pods, or bench/payloads.py's when the corpus is
 absent) are created at fixed rates, open loop: each create is due at its slot whatever the earlier ones
@@ -65,6 +66,7 @@ from tests.harness.controlplane import (
     without_proxies,
 )
 from tests.harness.install import (
+    CONFIGURATION,
     CONFIGURATION_KINDS,
     DEPLOY,
     ENDPOINTS,
@@ -75,8 +77,9 @@ from tests.harness.install import (
     service_account_kubeconfig,
 )
 from webhook.certs.files import CA_FILE
-from webhook.policy.model import Accelerators, default_policy
+from webhook.policy.model import Accelerators, default_policy, parse_policy
 from webhook.policy.native import compile_policy
+from webhook.policy.nativenarrow import CONDITION_NAME, narrowing
 from webhook.policy.workload import accelerator_resources
 
 JSON = dict[str, Any]
@@ -88,6 +91,8 @@ MAP_LABEL = "bench.gpuguard.io/map"
 KYVERNO_LABEL = "bench.gpuguard.io/kyverno"
 NO_OP_LABEL = "bench.gpuguard.io/no-op"
 NATIVE_LABEL = "bench.gpuguard.io/native"
+HYBRID_LABEL = "bench.gpuguard.io/hybrid"
+HYBRID_PREFIX = "bench-hybrid-"  # (h)'s compiled objects and configurations, beside (n)'s and (b)'s
 # deploy/'s webhooks that scenario (e) copies, and the names of the copies.
 NO_OP_MIRRORS = {
     "mutate.gpuguard.io": "mutate.no-op.bench.gpuguard.io",
@@ -426,6 +431,54 @@ def install_native(plane: ControlPlane) -> Extension:
         for name in [obj["metadata"]["name"]]
     }
     return Extension("n", "(n) gpuguard policy compile (native)", namespace, series, True)
+
+
+def install_hybrid(plane: ControlPlane) -> Extension:
+    """Scenario (h), `admission.mode: hybrid` as the controllers' leader leaves it: the default policy
+    compiled for hybrid (a policy standing aside where its rule is left to the webhook), and copies of
+    (b)'s two webhooks, pointed at the same gpuguard replica, with the match condition the leader adds
+    (nativenarrow): gpuguard is called only for what the native policies cannot decide. Installed after
+    (b), whose configurations it copies; the replica's CPU is (b)'s."""
+    policy = parse_policy("admission: {mode: hybrid}\n")
+    objects = compile_policy(policy).objects
+    for obj in objects:
+        obj["metadata"]["name"] = HYBRID_PREFIX + obj["metadata"]["name"]
+        if obj["kind"].endswith("Binding"):
+            obj["spec"]["policyName"] = HYBRID_PREFIX + obj["spec"]["policyName"]
+            obj["spec"]["matchResources"]["namespaceSelector"] = {"matchLabels": {HYBRID_LABEL: "true"}}
+    series = {
+        f"policy {obj['metadata']['name']}": policy_check(obj["metadata"]["name"])
+        for obj in objects
+        if obj["kind"] == "MutatingAdmissionPolicy"
+    }
+    conditions = narrowing(policy).conditions
+    for kind in CONFIGURATION_KINDS:
+        configuration = plane.kubectl_json("get", kind, CONFIGURATION)
+        condition = conditions[configuration["kind"]]
+        # The two webhooks the bench's pods reach, as (e) copies them.
+        hooks = [hook for hook in configuration["webhooks"] if hook["name"] in NO_OP_MIRRORS]
+        for hook in hooks:
+            hook["name"] = hook["name"].replace(".gpuguard.io", ".hybrid.bench.gpuguard.io")
+            hook["namespaceSelector"] = {"matchLabels": {HYBRID_LABEL: "true"}}
+            if condition is not None:
+                hook["matchConditions"] = [
+                    *hook.get("matchConditions", []),
+                    {"name": CONDITION_NAME, "expression": condition},
+                ]
+            series[f"webhook {hook['name']}"] = webhook_series(hook["name"])
+        objects.append(
+            {
+                "apiVersion": configuration["apiVersion"],
+                "kind": configuration["kind"],
+                "metadata": {"name": f"{HYBRID_PREFIX}{CONFIGURATION}"},
+                "webhooks": hooks,
+            }
+        )
+    plane.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    )
+    namespace = _labelled_namespace(plane, "bench-hybrid", {HYBRID_LABEL: "true"})
+    return Extension("h", "(h) gpuguard hybrid (native + narrowed webhooks)", namespace, series, True)
 
 
 def install_kyverno(plane: ControlPlane, build: Path, work: Path, stack: ExitStack) -> Extension:
@@ -914,6 +967,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = SAY) -> Results:
             extensions = [no_extension(plane), install_gpuguard(plane, work, stack), install_map(plane)]
             say("applying `gpuguard policy compile` of the default policy")
             extensions.append(install_native(plane))
+            say("applying hybrid: the policy compiled for it, and (b)'s webhooks narrowed")
+            extensions.append(install_hybrid(plane))
             if args.kyverno is not None:
                 say(f"starting Kyverno from {args.kyverno}")
                 extensions.append(install_kyverno(plane, args.kyverno, work, stack))

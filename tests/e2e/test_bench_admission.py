@@ -1,6 +1,6 @@
 """The pod-create bench (`bench/run admission`) at a tiny size, so that it cannot rot unnoticed: it starts
 its own control plane, installs deploy/ with a gpuguard replica, bench/map/'s policy, the compiled
-native policies and the no-op webhooks, creates pods in every scenario and writes its report. Its timing floors are the bench's
+native policies, hybrid (those compiled for it and the replica's webhooks narrowed) and the no-op webhooks, creates pods in every scenario and writes its report. Its timing floors are the bench's
 business, not the suite's: this asserts what must hold on any machine, that no create failed and that
 both extensions mutated every pod."""
 
@@ -41,6 +41,7 @@ def test_admission_bench_runs_every_scenario(control_plane: ControlPlane, tmp_pa
         "(b) gpuguard webhooks",
         "(c) MutatingAdmissionPolicy",
         "(n) gpuguard policy compile (native)",
+        "(h) gpuguard hybrid (native + narrowed webhooks)",
     )
     for scenario in (*scenarios, "(e) no-op webhooks"):
         assert f"| {scenario} | 20/s |" in report
@@ -49,6 +50,9 @@ def test_admission_bench_runs_every_scenario(control_plane: ControlPlane, tmp_pa
     assert floors["(b) gpuguard webhooks mutates the created pods"] == "met", report
     assert floors["(c) MutatingAdmissionPolicy mutates the created pods"] == "met", report
     assert floors["(n) gpuguard policy compile (native) mutates the created pods"] == "met", report
+    assert floors["(h) gpuguard hybrid (native + narrowed webhooks) mutates the created pods"] == "met", (
+        report
+    )
     assert "`apiserver_admission_webhook_admission_duration_seconds` mutate.gpuguard.io" in report
     assert "`apiserver_mutating_admission_policy_check_duration_seconds`" in report
     # The no-op webhooks were called (they answered the API server: no create failed, none failed open).

@@ -3,6 +3,9 @@ deploy/ and reading the live policy ConfigMap, keeps the compiled native admissi
 it. Switching to hybrid creates them (and the API server applies them), a policy change updates what
 changed and deletes what is no longer wanted, a refused policy keeps them, switching back to webhook
 deletes gpuguard's own and nothing else, and a replica that does not hold the Lease writes nothing.
+With gpuguard's webhook registered too: in hybrid its webhooks are narrowed to what the native policies
+cannot decide (a plain GPU pod never reaches it, a pod naming a node or holding a DRA claim does, and the
+native policies stand aside for the claim), in native to nothing.
 
 A control plane of its own: the objects bind every namespace, and would act on the suite's other tests.
 """
@@ -18,12 +21,21 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_native import NATIVE_KINDS, wait_until_in_force
+from tests.e2e.test_native import NATIVE_KINDS, stored_object, wait_until_in_force
 from tests.harness.admission import (
+    WebhookProcess,
+    cpu_pod,
     create_namespace,
     default_priority_classes,
+    dry_run,
+    gpu_pod,
     install_priority_classes,
+    metric_samples,
+    policy_hash,
+    register,
     submit,
+    unregister,
+    wait_until_called,
 )
 from tests.harness.controllers import (
     NAMESPACE,
@@ -37,7 +49,9 @@ from tests.harness.controllers import (
 from tests.harness.controlplane import ControlPlane
 from webhook.controllers import series
 from webhook.controllers.nativesync import NAME
+from webhook.policy.engine import POLICY_ANNOTATION, RULES_ANNOTATION
 from webhook.policy.model import CONFIGMAP_KEY, parse_policy
+from webhook.policy.nativenarrow import CONDITION_NAME
 from webhook.policy.nativesync import HASH_ANNOTATION, OWNER, OWNER_LABEL, namespace_owner, wanted
 
 POLICY_CONFIGMAP = "gpuguard-policy"  # the one name the controllers' Role lets them read
@@ -46,6 +60,13 @@ LEASE = "gpuguard-controllers"
 BASE = {"audit": {"reportIntervalSeconds": 0}}
 HYBRID = {**BASE, "admission": {"mode": "hybrid"}}
 # Another margin (the gracefulTermination MAP changes) and priority off (its MAP and binding go).
+NATIVE = {**BASE, "admission": {"mode": "native"}}
+WEBHOOK_CONFIG = "gpuguard"  # the name `gpuguard controllers` narrows by default
+GPU_NODE = "hybrid-gpu-node"
+# Every native object written, then 5 s of settling: the 57 KB trusted-device-software VAP alone took over
+# 30 s to update on a machine at load 6 on 2 cores (each attempt timed out at 10 s and was sent again).
+NARROWED_TIMEOUT = 120.0
+NIC_CLASS = "nic.hybrid.example.com"  # a DRA device class the default policy's deviceClasses do not match
 CHANGED = {**HYBRID, "rules": {"gracefulTermination": {"marginSeconds": 25}, "priority": {"mode": "off"}}}
 
 Objects = dict[tuple[str, str], dict[str, Any]]
@@ -275,3 +296,158 @@ def test_a_replica_without_the_lease_writes_nothing_until_it_leads(
         for entry in obj["metadata"].get("managedFields", [])
     }
     assert managers == {"gpuguard"}, json.dumps(sorted(managers))
+
+
+@pytest.fixture
+def webhook(cluster: ControlPlane, tmp_path: Path) -> Iterator[WebhookProcess]:
+    """gpuguard's webhook on the same policy ConfigMap as the controllers, with cluster facts (nodes),
+    registered as `gpuguard` for every namespace but the control plane's; and a GPU node to name."""
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": GPU_NODE},
+        "status": {"capacity": {"cpu": "8", "nvidia.com/gpu": "4"}},
+    }
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": NIC_CLASS},
+    }
+    submit(cluster, "apply", {"apiVersion": "v1", "kind": "List", "items": [node, device_class]})
+    workdir = tmp_path / "webhook"
+    workdir.mkdir()
+    process = WebhookProcess(
+        workdir,
+        extra_args=(
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--policy-configmap",
+            f"{NAMESPACE}/{POLICY_CONFIGMAP}",
+        ),
+    )
+    set_policy(cluster, yaml.safe_dump(BASE))
+    process.start()
+    register(cluster, process, "Fail", name=WEBHOOK_CONFIG)
+    try:
+        wait_until_called(cluster)
+        yield process
+    finally:
+        unregister(cluster, WEBHOOK_CONFIG)
+        process.stop()
+        cluster.kubectl("delete", "node", GPU_NODE, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "deviceclass", NIC_CLASS, "--ignore-not-found", check=False)
+
+
+def set_both_policies(plane: ControlPlane, webhook: WebhookProcess, policy: dict[str, Any]) -> None:
+    """`policy` into the ConfigMap, and until the webhook runs it (the controllers are waited on by what
+    they write)."""
+    text = yaml.safe_dump(policy)
+    set_policy(plane, text)
+    webhook.wait(
+        lambda: webhook.request_json("GET", "/policy")["hash"] == policy_hash(text), what="the policy"
+    )
+
+
+def webhook_requests(webhook: WebhookProcess) -> float:
+    """How many AdmissionReviews gpuguard has answered, on either endpoint."""
+    return sum(value for _, value in metric_samples(webhook.metrics(), "gpuguard_admission_requests_total"))
+
+
+def narrowing_conditions(plane: ControlPlane) -> list[str | None]:
+    """gpuguard's own match condition in each webhook of both configurations (None: it has none)."""
+    return [
+        next((c["expression"] for c in w.get("matchConditions", []) if c["name"] == CONDITION_NAME), None)
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+        for w in plane.kubectl_json("get", kind, WEBHOOK_CONFIG)["webhooks"]
+    ]
+
+
+def narrowed(plane: ControlPlane) -> bool:
+    return all(c not in (None, "false") for c in narrowing_conditions(plane))
+
+
+def without_policy_hash(stored: dict[str, Any]) -> dict[str, Any]:
+    """The stored object but for the policy hash it carries: the mode is part of the policy's text."""
+    stored["metadata"].get("annotations", {}).pop(POLICY_ANNOTATION, None)
+    return stored
+
+
+def admitted_by(webhook: WebhookProcess, plane: ControlPlane, obj: dict[str, Any]) -> tuple[Any, bool]:
+    """`obj` dry-run: the outcome (stored object, or the denial's text) and whether gpuguard saw it."""
+    before = webhook_requests(webhook)
+    result = dry_run(plane, obj)
+    outcome = without_policy_hash(stored_object(result)) if result.returncode == 0 else result.stderr.strip()
+    return outcome, webhook_requests(webhook) > before
+
+
+def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
+    cluster: ControlPlane, start: Start, webhook: WebhookProcess
+) -> None:
+    leader = start()
+    namespace = create_namespace(cluster, "narrowed")
+    plain, on_gpu_node = gpu_pod("plain", namespace), cpu_pod("named", namespace)
+    on_gpu_node["spec"]["nodeName"] = GPU_NODE
+    # A CPU pod with a NIC claim: no accelerator workload for the webhook, which knows the claim's class.
+    nic = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "nic", "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": NIC_CLASS}}]}},
+    }
+    submit(cluster, "create", nic)
+    with_nic = cpu_pod("nic", namespace)
+    with_nic["spec"]["resourceClaims"] = [{"name": "nic", "resourceClaimName": "nic"}]
+    with_nic["spec"]["containers"][0]["resources"]["claims"] = [{"name": "nic"}]
+
+    # webhook mode: gpuguard decides both, and its webhooks stay as registered.
+    eventually(
+        lambda: leader.metric(series.RECONCILES, controller=NAME, result="success") >= 1,
+        what="the native policies reconciled in webhook mode",
+        processes=[leader],
+    )
+    by_webhook, seen = admitted_by(webhook, cluster, plain)
+    assert seen and by_webhook["metadata"]["annotations"]
+    denied, seen = admitted_by(webhook, cluster, on_gpu_node)
+    assert seen and f"nodeName {GPU_NODE}" in denied, denied
+    nic_by_webhook, seen = admitted_by(webhook, cluster, with_nic)
+    assert seen and isinstance(nic_by_webhook, dict) and "annotations" not in nic_by_webhook["metadata"]
+    assert narrowing_conditions(cluster) == [None, None]
+
+    # hybrid: narrowed once the native objects are in force; the plain GPU pod is the MAPs' alone and
+    # stored as the webhook stores it; the pod naming a node still reaches gpuguard, denied as before.
+    set_both_policies(cluster, webhook, HYBRID)
+    eventually(
+        lambda: narrowed(cluster), what="the webhooks narrowed", timeout=NARROWED_TIMEOUT, processes=[leader]
+    )
+    assert hashes(owned(cluster)) == wanted_hashes(cluster, HYBRID)
+    assert leader.status()["nativePolicies"]["narrowed"] == {
+        "MutatingWebhookConfiguration": True,
+        "ValidatingWebhookConfiguration": True,
+    }
+    by_native, seen = admitted_by(webhook, cluster, plain)
+    assert not seen, "the plain GPU pod reached the webhook"
+    assert by_native == by_webhook
+    assert admitted_by(webhook, cluster, on_gpu_node) == (denied, True)
+    # The native policies, which count every claim, stand aside for it: the webhook decides, as before.
+    assert admitted_by(webhook, cluster, with_nic) == (nic_by_webhook, True)
+
+    # native: no webhook is called at all, and a pod naming a node is what native mode loses.
+    set_both_policies(cluster, webhook, NATIVE)
+    eventually(
+        lambda: narrowing_conditions(cluster) == ["false", "false"],
+        what="the webhooks narrowed to nothing",
+        timeout=NARROWED_TIMEOUT,
+        processes=[leader],
+    )
+    assert admitted_by(webhook, cluster, plain) == (by_webhook, False)
+    admitted, seen = admitted_by(webhook, cluster, on_gpu_node)
+    assert not seen and isinstance(admitted, dict)
+    # and a claim counts whatever its class: the NIC pod is mutated as an accelerator workload.
+    as_accelerator, seen = admitted_by(webhook, cluster, with_nic)
+    assert not seen and "gracefulTermination" in as_accelerator["metadata"]["annotations"][RULES_ANNOTATION]
+
+    # Back to webhook: the webhooks un-narrowed, then gpuguard's own objects deleted.
+    set_both_policies(cluster, webhook, BASE)
+    eventually(lambda: owned(cluster) == {}, what="the owned objects deleted", processes=[leader])
+    assert narrowing_conditions(cluster) == [None, None]
+    assert admitted_by(webhook, cluster, on_gpu_node) == (denied, True)

@@ -421,9 +421,13 @@ CONTROLLERS_ALLOWED = [
     ("update", "configmaps/gpuguard-remediation", NAMESPACE),
     ("watch", f"configmaps/{POLICY_CONFIGMAP}", NAMESPACE),
     ("watch", "poddisruptionbudgets.policy", "--all-namespaces"),  # who evicts from a fenced DRA device
+    ("patch", f"mutatingwebhookconfigurations.admissionregistration.k8s.io/{CONFIGURATION}", None),
 ]
 CONTROLLERS_DENIED = [
     ("update", "poddisruptionbudgets.policy", "team-a"),
+    # gpuguard's own webhook configurations alone, and only patched (one match condition of its own).
+    ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io/someone-else", None),
+    ("update", f"validatingwebhookconfigurations.admissionregistration.k8s.io/{CONFIGURATION}", None),
     ("delete", "pods", "team-a"),  # evictions only: the API server checks the disruption budget
     ("update", "pods", "team-a"),
     ("patch", "pods --subresource=status", "team-a"),
@@ -485,6 +489,12 @@ def test_controllers_service_account_rules_are_exactly_theirs(
             ("admissionregistration.k8s.io", r, "", v)
             for r in RESOURCES.values()
             for v in ("get", "list", "watch", "create", "update", "delete")
+        },
+        # and the match condition hybrid and native give gpuguard's own webhooks (nativenarrow).
+        *{
+            ("admissionregistration.k8s.io", r, CONFIGURATION, v)
+            for r in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+            for v in ("get", "patch")
         },
     }
     in_namespace = {

@@ -34,7 +34,9 @@ from tests.harness.admission import (
     dry_run,
     dry_run_until,
     gpu_deployment,
+    gpu_job,
     gpu_pod,
+    gpu_statefulset,
     gpuguard_annotations,
     install_priority_classes,
     kubectl_warnings,
@@ -144,7 +146,7 @@ def _in(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     return placed
 
 
-def _stored(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+def stored_object(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """The object a dry run would have stored, without what the API server makes per object: its uid
     (in a Job's selector and pod labels too) and a generated name."""
     obj: dict[str, Any] = json.loads(result.stdout)
@@ -197,13 +199,13 @@ def assert_same_outcome(
     assert native_warned == webhook_warned, f"{where}: {by_native.stderr!r} vs {by_webhook.stderr!r}"
     if by_native.returncode != 0:
         return
-    native_stored, webhook_stored = _stored(by_native), _stored(by_webhook)
+    native_stored, webhook_stored = stored_object(by_native), stored_object(by_webhook)
     assert native_stored == webhook_stored, (
         f"{where}:\n--- native\n{yaml.safe_dump(native_stored)}\n--- webhook\n{yaml.safe_dump(webhook_stored)}"
     )
     again = dry_run(plane, _in(_resubmittable(json.loads(by_native.stdout)), native))
     assert again.returncode == 0, again.stderr
-    assert _stored(again) == native_stored, f"{where} changed on a second pass"
+    assert stored_object(again) == native_stored, f"{where} changed on a second pass"
 
 
 @pytest.mark.parametrize("path", FILES, ids=[path.stem for path in FILES])
@@ -212,6 +214,31 @@ def test_native_policies_store_what_the_webhook_stores(
 ) -> None:
     for obj in _workloads(path):
         assert_same_outcome(control_plane, obj, native, webhook_namespace, f"{path.name} {_key(obj)}")
+
+
+@pytest.mark.parametrize("owner", ["JobSet", "LeaderWorkerSet"])
+def test_what_a_group_made_from_its_template_is_left_as_it_is(
+    control_plane: ControlPlane, native: str, webhook_namespace: str, owner: str
+) -> None:
+    """A JobSet's Jobs and a LeaderWorkerSet's StatefulSets were mutated with their owner's template:
+    neither the webhook nor the native policies touch them again."""
+    made = gpu_job("made", "") if owner == "JobSet" else gpu_statefulset("made", "")
+    # Its class set, as its owner's mutated template gave it: admitted, so that what it stores shows.
+    made["spec"]["template"]["spec"]["priorityClassName"] = default_policy().rules.priority.className
+    # Labels of its own: a Job without any gets its template's, and with them the uid the server generated.
+    made["metadata"]["labels"] = {"group": "made"}
+    made["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "example.com/v1",
+            "kind": owner,
+            "name": "group",
+            "uid": "0f1e2d3c",
+            "controller": True,
+        }
+    ]
+    assert_same_outcome(control_plane, made, native, webhook_namespace, f"a {made['kind']} of a {owner}")
+    stored = stored_object(dry_run(control_plane, _in(made, native)))
+    assert "annotations" not in stored["metadata"], stored
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,7 @@ def run_controllers(args: argparse.Namespace) -> int:
         policy_file=Path(args.policy) if args.policy else None,
         policy_configmap=args.policy_configmap,
         identity=args.identity or "",
+        webhook_config=args.webhook_config,
         # Unset: the Lease's defaults (15 s, 10 s, 2 s), as controller-runtime's.
         **{
             name: value
@@ -87,6 +88,13 @@ def register(commands: output.Commands) -> None:
         help="where the Lease and the circuit breaker's ConfigMap live ($POD_NAMESPACE when set)",
     )
     parser.add_argument("--identity", help="this replica's name in the Lease (default: hostname_random)")
+    parser.add_argument(
+        "--webhook-config",
+        metavar="NAME",
+        default="gpuguard",
+        help="in admission.mode hybrid or native, narrow the webhooks of this Mutating- and"
+        " ValidatingWebhookConfiguration to what the native policies cannot decide (default: gpuguard)",
+    )
     for flag, meaning in (
         ("--lease-duration", "how long a standby waits on a silent leader (default: 15)"),
         ("--renew-deadline", "how long the leader may fail to renew before it stops (default: 10)"),

@@ -16,8 +16,9 @@ import orjson
 
 from webhook.certs import files as certfiles
 from webhook.cli import inputs, output
-from webhook.policy.model import PolicyError, default_policy_text, parse_policy
+from webhook.policy.model import Policy, PolicyError, default_policy_text, parse_policy
 from webhook.policy.native import compile_policy
+from webhook.policy.nativenarrow import narrowing
 
 DEFAULT_URL = "https://localhost:8443"
 DEFAULT_CACERT = f"certs/{certfiles.CA_FILE}"
@@ -75,10 +76,23 @@ def run_compile(args: argparse.Namespace) -> int:
         else "What they cannot decide stays the webhook's:",
         "",
         *gaps.splitlines(),
+        *_webhooks_called(policy),
     ]
     sys.stdout.write("".join(f"# {line}".rstrip() + "\n" for line in header))
     sys.stdout.write("".join(f"---\n{output.dump_yaml(obj)}" for obj in compiled.objects))
     return output.EXIT_OK
+
+
+def _webhooks_called(policy: Policy) -> list[str]:
+    """What the controllers' leader lets reach gpuguard's webhooks in this mode (nativenarrow)."""
+    if policy.admission.mode == "webhook":
+        return []
+    if policy.admission.mode == "native":
+        return ["", "The controllers' leader narrows gpuguard's webhooks to match nothing."]
+    lines = ["", "The controllers' leader narrows gpuguard's webhooks to:"]
+    for kind, sent in narrowing(policy).sent.items():
+        lines += [f"  {kind}:", *(f"    {what}" for what in sent)]
+    return lines
 
 
 def _fetch_status(url: str, cacert: str) -> dict[str, Any]:

@@ -9,6 +9,12 @@ replica that may no longer lead sends nothing.
 A policy that does not compile changes nothing: the objects of the last one that did stay, as the
 webhook keeps the last good policy. An object the API server refuses (422) is left as it was; the rest of
 the writes still go.
+
+Then gpuguard's webhook configurations: their one match condition of gpuguard's (webhook.policy.nativenarrow)
+is written only when the native objects are as wanted and have been for SETTLE_SECONDS (the API server's
+admission plugins take them from their own watch), and removed before any native object is written, so
+the webhooks see every request whenever the native side is changing. A policy that does not compile, or
+`webhook` mode, leaves the webhooks un-narrowed.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
@@ -23,7 +30,7 @@ from webhook.controllers import series
 from webhook.kube.controller import Controller, Result, TerminalError
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import InvalidObjectError, NotFoundError
-from webhook.policy import nativesync
+from webhook.policy import nativenarrow, nativesync
 from webhook.policy.model import Policy
 from webhook.policy.native import Compiled, compile_policy
 from webhook.policy.nativesync import RESOURCES, Owned, Write
@@ -32,6 +39,9 @@ from webhook.runtime.metrics import Registry
 
 NAME = "native-policies"
 KEY = "native-policies"  # the one key: every object is decided together
+# How long the native objects stay as wanted before the webhooks are narrowed: the API server's
+# admission plugins load policies and bindings from their own watch, which lags a write.
+SETTLE_SECONDS = 5.0
 
 log = logging.getLogger("gpuguard.nativesync")
 
@@ -42,6 +52,13 @@ class NativeWrites(Protocol):
     def replace(self, resource: str, name: str, body: dict[str, Any]) -> None: ...
 
     def delete(self, resource: str, name: str, resource_version: str) -> None: ...
+
+
+class WebhookConfigurationWrites(Protocol):
+    def read(self, kind: str) -> JSON | None:
+        """The configuration of that kind, as stored; None when there is none."""
+
+    def patch(self, kind: str, operations: list[JSON]) -> None: ...
 
 
 def converter(raw: dict[str, Any]) -> tuple[Hashable, Owned] | None:
@@ -60,6 +77,9 @@ class NativePolicies:
         registry: Registry,
         stop: threading.Event,
         compile: Callable[[Policy], Compiled] = compile_policy,
+        configurations: WebhookConfigurationWrites | None = None,
+        settle_seconds: float = SETTLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.owned = owned
         self.policy = policy
@@ -67,6 +87,13 @@ class NativePolicies:
         self.owner = owner
         self.registry = registry
         self.compile = compile
+        self.configurations = configurations
+        self.settle_seconds = settle_seconds
+        self.clock = clock
+        # When the native objects last changed (or this replica started: it cannot know they are in force).
+        self.changed_at = clock()
+        # The condition each configuration's webhooks carry, as last written or read (for /policy).
+        self.narrowed: dict[str, str | None] = {}
         # Why the objects are not what the policy wants, when retrying cannot help (shown by /policy).
         self.problem: str | None = None
         self.controller: Controller[str] = Controller(NAME, self.reconcile, stop=stop, observe=self._observed)
@@ -91,6 +118,7 @@ class NativePolicies:
         except Exception as exc:  # whatever compiling raised: the objects in place stay
             self.problem = f"policy {policy.hash} does not compile (the last good objects stay): {exc}"
             log.warning("native admission policies: %s", self.problem)
+            self._narrow(nativenarrow.Narrowing(dict.fromkeys(nativenarrow.CONFIGURATION_KINDS)), policy)
             return Result()
         unserved = [informer.name for informer in self.owned if not informer.served]
         if want and unserved:
@@ -100,8 +128,14 @@ class NativePolicies:
             )
             raise TerminalError(self.problem)
         have = [found for informer in self.owned for found in informer.current().values()]
+        writes = nativesync.plan(want, have)
+        if not writes:
+            return self._narrow_when_settled(policy)
+        # The native side changes: the webhooks see everything until it is in force again.
+        self._narrow(nativenarrow.Narrowing(dict.fromkeys(nativenarrow.CONFIGURATION_KINDS)), policy)
+        self.changed_at = self.clock()
         refused: list[str] = []
-        for write in nativesync.plan(want, have):
+        for write in writes:
             try:
                 self._send(write, policy)
             except InvalidObjectError as exc:
@@ -110,7 +144,42 @@ class NativePolicies:
             self.problem = "the API server refused " + "; ".join(refused)
             raise TerminalError(self.problem)
         self.problem = None
+        return Result(requeue_after=self.settle_seconds)
+
+    def _narrow_when_settled(self, policy: Policy) -> Result:
+        narrowing = nativenarrow.narrowing(policy)
+        waited = self.clock() - self.changed_at
+        if any(c is not None for c in narrowing.conditions.values()) and waited < self.settle_seconds:
+            return Result(requeue_after=self.settle_seconds - waited)
+        self._narrow(narrowing, policy)
+        self.problem = None
         return Result()
+
+    def _narrow(self, narrowing: nativenarrow.Narrowing, policy: Policy) -> None:
+        """Each configuration's webhooks given `narrowing`'s condition, patched at the version read."""
+        if self.configurations is None:
+            return
+        for kind, condition in narrowing.conditions.items():
+            stored = self.configurations.read(kind)
+            if stored is None:
+                self.narrowed.pop(kind, None)
+                continue  # not installed (or an operator deleted it): nothing calls gpuguard through it
+            operations = nativenarrow.condition_patch(stored, condition)
+            if operations:
+                try:
+                    self.configurations.patch(kind, operations)
+                except InvalidObjectError as exc:
+                    self.problem = f"the API server refused the match condition of {kind}: {exc}"
+                    raise TerminalError(self.problem) from exc
+                self.registry.inc(series.NATIVE_POLICY_WRITES, "narrow" if condition is not None else "widen")
+                log.info(
+                    "%s the webhooks of %s for admission.mode %s",
+                    "narrowed" if condition is not None else "un-narrowed",
+                    kind,
+                    policy.admission.mode,
+                    extra={"fields": {"controller": NAME, "kind": kind, "narrowed": condition is not None}},
+                )
+            self.narrowed[kind] = condition
 
     def status(self) -> dict[str, object]:
         """For /policy: how many objects gpuguard owns, by kind, and what keeps them from the policy."""
@@ -118,7 +187,8 @@ class NativePolicies:
         for informer in self.owned:
             for found in informer.current().values():
                 counts[found.kind] = counts.get(found.kind, 0) + 1
-        return {"owned": counts, "problem": self.problem}
+        narrowed = {kind: condition is not None for kind, condition in self.narrowed.items()}
+        return {"owned": counts, "narrowed": narrowed, "problem": self.problem}
 
     def _send(self, write: Write, policy: Policy) -> None:
         resource = RESOURCES[write.kind]

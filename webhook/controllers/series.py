@@ -50,7 +50,7 @@ def register(
     registry.counter(
         NATIVE_POLICY_WRITES,
         "Writes of gpuguard's own native admission policies and bindings (admission.mode), by verb"
-        " (create, update, delete).",
+        " (create, update, delete), and of its webhooks' match condition (narrow, widen).",
         ("verb",),
     )
     registry.histogram(

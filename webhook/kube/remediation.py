@@ -208,6 +208,55 @@ class NativePolicyWriter:
             raise
 
 
+_CONFIGURATION_RESOURCES = {
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+}
+
+
+class WebhookConfigurationWriter:
+    """gpuguard's own Mutating- and ValidatingWebhookConfiguration `name`: read, and JSON-patched with a
+    test of the resourceVersion read (webhook.policy.nativenarrow.condition_patch)."""
+
+    def __init__(self, api: client.ApiClient, name: str, fence: Fence = UNFENCED) -> None:
+        self.api = api
+        self.name = name
+        self.fence = fence
+
+    def _path(self, kind: str) -> str:
+        return f"{NativePolicyWriter.GROUP}/{_CONFIGURATION_RESOURCES[kind]}/{self.name}"
+
+    def read(self, kind: str) -> dict[str, Any] | None:
+        request = self.api.param_serialize(
+            "GET",
+            self._path(kind),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*request, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        data = response.read()
+        if response.status == 404:
+            return None
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=data, data=None)
+        found: dict[str, Any] = orjson.loads(data)
+        return found
+
+    def patch(self, kind: str, operations: list[dict[str, Any]]) -> None:
+        """`operations` start with a test of the resourceVersion read: ConflictError when it changed since,
+        InvalidObjectError when the API server refuses the patched configuration."""
+        try:
+            _send(self.api, self.fence, "PATCH", self._path(kind), operations, "application/json-patch+json")
+        except ApiException as exc:
+            if exc.status != 422:
+                raise
+            # A failed test and an invalid result both answer 422: the version read tells them apart.
+            current = self.read(kind)
+            if current is None or current["metadata"]["resourceVersion"] != operations[0]["value"]:
+                raise ConflictError(f"{kind} {self.name} changed since it was read") from exc
+            raise InvalidObjectError(_status_message(exc)) from exc
+
+
 class NamespaceOwner:
     """The ownerReference to the controllers' Namespace, read once (a Namespace's uid never changes)."""
 
@@ -226,9 +275,7 @@ class NamespaceOwner:
         return self._reference
 
 
-def _send(
-    api: client.ApiClient, fence: Fence, method: str, path: str, body: dict[str, Any], content_type: str
-) -> None:
+def _send(api: client.ApiClient, fence: Fence, method: str, path: str, body: Any, content_type: str) -> None:
     """A raw write through the fence; ConflictError, NotFoundError or the ApiException on failure."""
     query = [("fieldManager", FIELD_MANAGER)] if method != "DELETE" else []
     request = api.param_serialize(

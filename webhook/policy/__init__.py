@@ -31,6 +31,12 @@ Deciding:
     engine.py        modes and decisions: a mutated copy and decisions out
     patch.py         a deterministic JSON Patch from the difference of two documents
     native.py        the policy compiled into the API server's own admission policies
+    nativecel.py     the CEL text those policies share (literals, globs, the pod spec of each kind)
+    nativemutating.py  the mutating rules as MutatingAdmissionPolicies
+    nativevalidating.py  the validating rules as ValidatingAdmissionPolicies
+    nativedriver.py  the driver minimum as node affinity added and checked natively
     nativesync.py    what the controllers' leader keeps in the cluster for `admission.mode`
+    nativegaps.py    what each rule leaves to the webhook, as CEL over an admission request
+    nativenarrow.py  which requests gpuguard's webhooks still see beside the native policies
     health/          the device-health verdicts of the controllers and the node agent
 """

@@ -56,6 +56,8 @@ class Options:
     lease_seconds: float = LEASE_SECONDS
     renew_deadline: float = RENEW_DEADLINE_SECONDS
     retry_seconds: float = RETRY_SECONDS
+    # gpuguard's webhook configurations, narrowed in admission.mode hybrid and native.
+    webhook_config: str = "gpuguard"
 
 
 class Metrics(Protocol):
@@ -196,6 +198,7 @@ class ControllerManager:
             policy=lambda: self.store.policy,
             writes=remediation.NativePolicyWriter(api, fence),
             owner=remediation.NamespaceOwner(api, options.namespace),
+            configurations=remediation.WebhookConfigurationWriter(api, options.webhook_config, fence),
             registry=self.registry,
             stop=stop,
         )

@@ -15,14 +15,9 @@ import pytest
 from webhook.cli import main
 from webhook.policy import hostpaths, images
 from webhook.policy.model import RULE_IDS, LabelSelector, default_policy, parse_policy
-from webhook.policy.native import (
-    _REFERENCE,
-    NAME_LABEL,
-    compile_policy,
-    glob_regex,
-    literal,
-    regions,
-)
+from webhook.policy.native import NAME_LABEL, compile_policy, regions
+from webhook.policy.nativecel import glob_regex, literal
+from webhook.policy.nativevalidating import REFERENCE
 
 SELECTORS_POLICY = """
 mode: enforce
@@ -156,7 +151,7 @@ def test_globs_translate_as_fnmatch_reads_them(glob: str, name: str) -> None:
     ],
 )
 def test_the_reference_grammar_is_the_parsers(image: str) -> None:
-    assert bool(re.fullmatch(_REFERENCE, image)) == (images.parse(image) is not None)
+    assert bool(re.fullmatch(REFERENCE, image)) == (images.parse(image) is not None)
 
 
 def test_host_path_patterns_are_matched_component_by_component() -> None:
@@ -200,3 +195,29 @@ def test_compile_says_what_is_lost_when_the_policy_runs_no_webhook(
     out = capsys.readouterr().out
     assert "is lost: admission.mode is native, no webhook runs" in out
     assert "LOST (ADMISSION.MODE NATIVE)" in out and "LEFT TO THE WEBHOOK" not in out
+    assert "narrows gpuguard's webhooks to match nothing" in out
+
+
+def test_compile_says_what_reaches_the_webhooks_in_hybrid(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "hybrid.yaml"
+    policy.write_text("admission: {mode: hybrid}\n")
+    assert main(["policy", "compile", "--policy", str(policy)]) == 0
+    comments = [line for line in capsys.readouterr().out.splitlines() if line.startswith("#")]
+    called = comments[comments.index("# The controllers' leader narrows gpuguard's webhooks to:") :]
+    assert "#   ValidatingWebhookConfiguration:" in called
+    assert "#     pods naming a node (whether it is an accelerator node is a cluster fact)" in called
+
+
+def test_objects_made_from_a_group_template_are_left_to_their_owner() -> None:
+    """engine._mutation_skip_reason: a JobSet's Jobs, a LeaderWorkerSet's StatefulSets, ... pass by."""
+    policy = default_policy()
+    owners = [kind.kind for kind in policy.workload_kinds.kinds if not kind.core]
+    maps = [o for o in compile_policy(policy).objects if o["kind"] == "MutatingAdmissionPolicy"]
+    assert maps and "JobSet" in owners and "LeaderWorkerSet" in owners
+    for obj in maps:
+        (condition,) = [
+            c for c in obj["spec"]["matchConditions"] if c["name"] == "not-made-from-a-group-template"
+        ]
+        assert all(f'"{owner}"' in condition["expression"] for owner in owners)

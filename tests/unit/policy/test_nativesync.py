@@ -9,17 +9,21 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import jsonpatch
 import pytest
 from kubernetes.client import ApiClient
 
 from tests.harness.manifests import gpu_pod, job, make_policy, pod
 from tests.harness.wired import Listed, registry
+from tests.unit.test_nativenarrow import configuration
 from webhook.controllers.nativesync import KEY, NativePolicies, owned_informers
 from webhook.kube.controller import TerminalError
 from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
 from webhook.policy import engine
 from webhook.policy.model import Policy, PolicyError, default_policy, parse_policy
-from webhook.policy.native import MANAGED_BY, Compiled, compile_policy
+from webhook.policy.native import Compiled, compile_policy
+from webhook.policy.nativecel import MANAGED_BY
+from webhook.policy.nativenarrow import CONDITION_NAME, CONFIGURATION_KINDS, narrowing
 from webhook.policy.nativesync import (
     HASH_ANNOTATION,
     OWNER,
@@ -325,3 +329,96 @@ def test_a_replica_that_may_not_lead_sends_no_write() -> None:
         writer.create("validatingadmissionpolicies", {"metadata": {"name": "gpuguard-x"}})
     with pytest.raises(NotLeaderError):
         writer.delete("validatingadmissionpolicies", "gpuguard-x", "1")
+
+
+# --- the webhooks narrowed: only once the native objects have settled, widened before they change ----
+
+
+class RecordedWithConfigurations(RecordedNativeWrites):
+    """Webhook configurations too, kept patched, their writes in the same log as the native objects'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored = {kind: configuration(kind) for kind in CONFIGURATION_KINDS}
+
+    def read(self, kind: str) -> JSON | None:
+        return copy.deepcopy(self.stored[kind])
+
+    def patch(self, kind: str, operations: list[JSON]) -> None:
+        self.stored[kind] = jsonpatch.apply_patch(self.stored[kind], operations)
+        self.calls.append(("patch", kind, "gpuguard"))
+
+    def conditions(self) -> list[str | None]:
+        return [
+            next((c["expression"] for c in w.get("matchConditions", []) if c["name"] == CONDITION_NAME), None)
+            for stored in self.stored.values()
+            for w in stored["webhooks"]
+        ]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _narrowing(
+    policy: Policy, stored: list[JSON], recorded: RecordedWithConfigurations, clock: Clock, **options: Any
+) -> NativePolicies:
+    return _controller(
+        policy, stored, recorded, configurations=recorded, settle_seconds=5.0, clock=clock, **options
+    )
+
+
+def test_the_webhooks_are_narrowed_only_once_the_native_objects_have_settled() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    recorded, clock = RecordedWithConfigurations(), Clock()
+    assert _narrowing(policy, [], recorded, clock).reconcile(KEY).requeue_after == 5.0
+    assert recorded.calls and {verb for verb, _, _ in recorded.calls} == {"create"}
+    assert recorded.conditions() == [None, None]
+
+    # The objects are there, but only just: the leader waits out the rest of the settling time.
+    settled = _narrowing(policy, [_stored(o) for o in _wanted(policy)], recorded, clock)
+    clock.now += 2.0
+    assert settled.reconcile(KEY).requeue_after == pytest.approx(3.0)
+    assert recorded.conditions() == [None, None]
+    clock.now += 3.0
+    assert settled.reconcile(KEY).requeue_after is None
+    assert recorded.conditions() == list(narrowing(policy).conditions.values())
+    assert settled.status()["narrowed"] == dict.fromkeys(CONFIGURATION_KINDS, True)
+
+
+def _narrowed(policy: Policy, recorded: RecordedWithConfigurations, clock: Clock) -> list[JSON]:
+    """The native objects `policy` wants, stored and settled, and the webhooks narrowed for them."""
+    objects = [_stored(o) for o in _wanted(policy)]
+    settled = _narrowing(policy, objects, recorded, clock)
+    clock.now += 10.0
+    settled.reconcile(KEY)
+    assert recorded.conditions() == list(narrowing(policy).conditions.values())
+    recorded.calls.clear()
+    return objects
+
+
+def test_the_webhooks_are_widened_before_any_native_object_changes() -> None:
+    recorded, clock = RecordedWithConfigurations(), Clock()
+    objects = _narrowed(make_policy({"admission": {"mode": "hybrid"}}), recorded, clock)
+    # Back to webhook: both configurations widened, then the objects deleted.
+    _narrowing(make_policy({}), objects, recorded, clock).reconcile(KEY)
+    assert [verb for verb, _, _ in recorded.calls[:2]] == ["patch", "patch"]
+    assert {verb for verb, _, _ in recorded.calls[2:]} == {"delete"}
+    assert recorded.conditions() == [None, None]
+
+
+def test_a_policy_that_does_not_compile_leaves_the_webhooks_whole() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    recorded, clock = RecordedWithConfigurations(), Clock()
+    objects = _narrowed(policy, recorded, clock)
+
+    def broken(_: Policy) -> Compiled:
+        raise ValueError("unbalanced braces")
+
+    _narrowing(policy, objects, recorded, clock, compile=broken).reconcile(KEY)
+    assert recorded.conditions() == [None, None]
+    assert not any(verb in ("create", "update", "delete") for verb, _, _ in recorded.calls)
