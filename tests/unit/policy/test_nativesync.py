@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient
 
 from tests.harness.manifests import gpu_pod, job, make_policy, pod
 from tests.harness.wired import Listed, registry
-from tests.unit.test_nativenarrow import configuration
+from tests.unit.policy.test_nativenarrow import configuration
 from webhook.controllers.nativesync import KEY, NativePolicies, owned_informers
 from webhook.kube.controller import TerminalError
 from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
