@@ -11,6 +11,7 @@ import base64
 import contextlib
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -449,12 +450,15 @@ def run_gpuguard(*args: str, cwd: Path, stdin: str | bytes = b"") -> CliRun:
 
 def run_gpuguard_in_process(*args: str, cwd: Path, stdin: str | bytes = b"") -> CliRun:
     """`webhook.cli.main(args)` as run_gpuguard runs the console script, without a process: stdin fed,
-    stdout and stderr captured, in `cwd`, without cluster credentials; all of it restored after."""
+    stdout and stderr captured, in `cwd`, without cluster credentials; all of it restored after, and the
+    root logger too (the long-running commands configure it for their process)."""
     import pytest  # here, not at the top: bench/payloads.py imports this module and runs without pytest
 
     out, err = io.StringIO(), io.StringIO()
     data = stdin.encode() if isinstance(stdin, str) else stdin
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(logging.root, "handlers", logging.root.handlers[:])
+        patch.setattr(logging.root, "level", logging.root.level)
         for name in CLUSTER_CREDENTIALS:
             patch.delenv(name, raising=False)
         patch.chdir(cwd)
