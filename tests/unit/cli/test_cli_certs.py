@@ -62,6 +62,19 @@ def test_an_existing_ca_is_replaced_only_with_force(gpuguard: Gpuguard, tmp_path
 
 
 @pytest.mark.parametrize(
+    "name",
+    ["https://gpuguard.example.com", "gpuguard:8443", "two words", "-leading.hyphen", "a..b", "", "x" * 64],
+)
+def test_a_bad_san_is_refused_before_anything_is_written(
+    gpuguard: Gpuguard, tmp_path: Path, name: str
+) -> None:
+    run = gpuguard("certs", "generate", f"--san={name}")
+    assert run.code == 2
+    assert f"argument --san: {name!r} is neither an IP address nor a DNS name" in run.err
+    assert not (tmp_path / "certs").exists()
+
+
+@pytest.mark.parametrize(
     "name", ["gpuguard.example.com", "*.example.com", "10.0.0.7", "::1", "localhost", "A-1"]
 )
 def test_good_sans_pass(name: str) -> None:
