@@ -8,7 +8,10 @@ reads as the object it is about. The test modules import them (`from tests.harne
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -22,6 +25,7 @@ import orjson
 import yaml
 
 from tests.harness import REPO_ROOT
+from webhook import cli
 from webhook.admission import review
 from webhook.policy import engine
 from webhook.policy.model import Policy, parse_policy
@@ -417,6 +421,8 @@ def mutated(obj: Any, policy: Policy, **kwargs: Any) -> JSON:
 # The console script pip wrote next to this interpreter, from [project.scripts]: what a user runs.
 CONSOLE_SCRIPT = Path(sys.executable).parent / "gpuguard"
 CLI_TIMEOUT_SECONDS = 60
+# What would point a command at a cluster: neither runner lets the developer's own reach a test.
+CLUSTER_CREDENTIALS = ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
 
 
 @dataclass(frozen=True)
@@ -429,7 +435,7 @@ class CliRun:
 def run_gpuguard(*args: str, cwd: Path, stdin: str | bytes = b"") -> CliRun:
     """The installed `gpuguard` with `args`, in `cwd`, without any cluster credentials around."""
     assert CONSOLE_SCRIPT.is_file(), f"no console script at {CONSOLE_SCRIPT}: is gpuguard installed here?"
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_CREDENTIALS}
     result = subprocess.run(
         [str(CONSOLE_SCRIPT), *args],
         input=stdin.encode() if isinstance(stdin, str) else stdin,
@@ -442,5 +448,29 @@ def run_gpuguard(*args: str, cwd: Path, stdin: str | bytes = b"") -> CliRun:
     return CliRun(result.returncode, result.stdout.decode(), result.stderr.decode())
 
 
-# The `gpuguard` fixture (conftest.py): run_gpuguard in the test's temp folder.
+def run_gpuguard_in_process(*args: str, cwd: Path, stdin: str | bytes = b"") -> CliRun:
+    """`webhook.cli.main(args)` as run_gpuguard runs the console script, without a process: stdin fed,
+    stdout and stderr captured, in `cwd`, without cluster credentials; all of it restored after, and the
+    root logger too (the long-running commands configure it for their process)."""
+    import pytest  # here, not at the top: bench/payloads.py imports this module and runs without pytest
+
+    out, err = io.StringIO(), io.StringIO()
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(logging.root, "handlers", logging.root.handlers[:])
+        patch.setattr(logging.root, "level", logging.root.level)
+        for name in CLUSTER_CREDENTIALS:
+            patch.delenv(name, raising=False)
+        patch.chdir(cwd)
+        patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(args)
+            except SystemExit as exc:  # argparse: --help, --version and bad arguments
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    return CliRun(code, out.getvalue(), err.getvalue())
+
+
+# The `gpuguard` fixture (tests/integration/conftest.py, tests/unit/cli/conftest.py): one of the two
+# runners above in the test's temp folder.
 Gpuguard = Callable[..., CliRun]

@@ -1,6 +1,7 @@
 """The integration tier: real processes on loopback and no API server. The server over TLS with
-hostile clients, `--workers`, the command line through its console script, the suite itself and the
-benches that run as a command."""
+hostile clients, `--workers`, the command line where its process matters (through its console script;
+the rest of it is tested in-process in tests/unit/cli/), the suite itself and the benches that run as a
+command."""
 
 from __future__ import annotations
 

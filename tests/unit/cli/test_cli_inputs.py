@@ -66,13 +66,6 @@ def test_a_directory_is_read_like_kubectl_reads_it(gpuguard: Gpuguard, tmp_path:
     assert empty.code == 2 and "missing: no such file" in empty.err
 
 
-def test_stdin_and_files_together(gpuguard: Gpuguard) -> None:
-    run = gpuguard("mutate", "-f", str(JOB), "-f", "-", stdin=CPU_ON_GPU_NODE.read_text())
-    assert kinds(run.out) == ["Job", "Pod"]
-    twice = gpuguard("mutate", "-f", "-", "-f", "-")
-    assert twice.code == 2 and "only once" in twice.err
-
-
 def test_a_namespace_conflicting_with_the_objects_is_refused(gpuguard: Gpuguard, tmp_path: Path) -> None:
     pod = load(CPU_ON_GPU_NODE)
     pod["metadata"]["namespace"] = "kube-system"
