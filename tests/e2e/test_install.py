@@ -507,10 +507,12 @@ NODE_AGENT_USER = "system:serviceaccount:gpuguard-node:gpuguard-node-agent"
 def test_node_agent_service_account_rules_are_exactly_its_own(
     control_plane: ControlPlane, installed: str
 ) -> None:
-    """It reads pods and writes one thing, their status (its condition): no eviction, delete or node write."""
+    """It reads pods and ResourceSlices and writes one thing, their status (its condition): no eviction,
+    delete or node write."""
     baseline = f"system:serviceaccount:{NAMESPACE}:nobody"
     expected = {
         *{("", "pods", "", v) for v in ("get", "list", "watch")},
+        *{("resource.k8s.io", "resourceslices", "", v) for v in ("get", "list", "watch")},
         ("", "pods/status", "", "patch"),
         ("events.k8s.io", "events", "", "create"),
     }
