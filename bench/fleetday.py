@@ -621,6 +621,17 @@ class NodeResources:
         return {self.node.resource: ids} if ids else {}
 
 
+class NodeSlices:
+    """The agent's cache of its node's ResourceSlices: the simulated cluster publishes none, so the
+    agent finds no DRA device's pool and leaves the conditions of the pods holding one alone."""
+
+    def snapshot(self) -> dict[Hashable, observed.SliceFacts]:
+        return {}
+
+    def has_synced(self) -> bool:
+        return True
+
+
 class NodePods:
     """The agent's cache of the pods on its node."""
 
@@ -784,6 +795,7 @@ class Replay:
                     AgentOptions(node=name),
                     resources=NodeResources(node),
                     pods=NodePods(self.cluster, node),
+                    slices=NodeSlices(),
                     writer=PodStatusApi(self.cluster),
                     events=self.events,
                     registry=Registry(),

@@ -517,10 +517,12 @@ NODE_AGENT_USER = "system:serviceaccount:gpuguard-node:gpuguard-node-agent"
 def test_node_agent_service_account_rules_are_exactly_its_own(
     control_plane: ControlPlane, installed: str
 ) -> None:
-    """It reads pods and writes one thing, their status (its condition): no eviction, delete or node write."""
+    """It reads pods and ResourceSlices and writes one thing, their status (its condition): no eviction,
+    delete or node write."""
     baseline = f"system:serviceaccount:{NAMESPACE}:nobody"
     expected = {
         *{("", "pods", "", v) for v in ("get", "list", "watch")},
+        *{("resource.k8s.io", "resourceslices", "", v) for v in ("get", "list", "watch")},
         ("", "pods/status", "", "patch"),
         ("events.k8s.io", "events", "", "create"),
     }
@@ -629,6 +631,34 @@ def test_the_node_agent_writes_only_for_pods_on_its_own_node(
         control_plane.kubectl(
             "delete", "pod", *pods, "-n", NODE_AGENT_NAMESPACE, "--grace-period=0", "--force", check=False
         )
+
+
+def test_the_node_agent_reads_the_resource_slices_of_its_own_node_by_field_selector(
+    control_plane: ControlPlane, installed: str
+) -> None:
+    """The agent lists and watches ResourceSlices with the field selector spec.nodeName=<its node>
+    (webhook.kube.remediation.slices_on_node): the API server selects slices by that field, and the
+    agent's role reads them."""
+    slices = {f"agent-e2e-{node}": node for node in ("node-a", "node-b")}
+    for name, node in slices.items():
+        pool = {"name": node, "generation": 1, "resourceSliceCount": 1}
+        spec = {"driver": "gpu.example.com", "nodeName": node, "pool": pool, "devices": [{"name": "gpu-0"}]}
+        piece = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        control_plane.kubectl("create", "-f", "-", input=json.dumps(piece))
+    try:
+        listed = control_plane.kubectl_json(
+            "get", "resourceslices", "--field-selector=spec.nodeName=node-a", *as_node_agent("node-a")
+        )
+        names = {item["metadata"]["name"] for item in listed["items"]}
+        assert "agent-e2e-node-a" in names and "agent-e2e-node-b" not in names
+        assert {item["spec"]["nodeName"] for item in listed["items"]} == {"node-a"}
+    finally:
+        control_plane.kubectl("delete", "resourceslices", *slices, "--ignore-not-found", check=False)
 
 
 def node_agent_daemonset(rendered: list[dict[str, Any]]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ PURE_AUDIT = (
 # The device-health verdicts, from the bottom up: each module imports only those before it.
 HEALTH_LAYERS = tuple(
     f"webhook.policy.health.{name}"
-    for name in ("records", "holdings", "observed", "signals", "fences", "ladder", "podverdicts")
+    for name in ("records", "holdings", "observed", "signals", "claimloss", "fences", "ladder", "podverdicts")
 )
 
 

@@ -10,9 +10,11 @@ it remembers in memory (each resource's allocatable set on the last poll, the de
 when it first saw a loss) only decides and delays a first report; a report already made is read back
 from the pod, so a restarted agent neither forgets nor repeats one.
 
-DRA devices are not in the allocatable sets: the agent reports which pod holds which of them (driver,
-pool, device, and the claim), as the kubelet sees it, in its `/policy` status (`draDevices`) and a
-gauge, so a failed DRA device maps to the pods holding it on this node.
+DRA devices are not in the allocatable sets: the agent reads which pod holds which of them (driver,
+pool, device, and the claim) as the kubelet sees it, and its own node's ResourceSlices say which have
+failed (webhook.policy.health.claimloss decides): a pod holding one gets the same condition, naming
+the device and why, under the same guards. It reports the holders in its `/policy` status
+(`draDevices`) and a gauge.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Protocol
 from webhook.agent.podresources import DEFAULT_SOCKET
 from webhook.kube.events import EventRecorder, ObjectRef
 from webhook.kube.remediation import ConflictError, NotFoundError
-from webhook.policy.health import holdings
+from webhook.policy.health import claimloss, holdings
 from webhook.policy.health.holdings import (
     ClaimHolding,
     DeviceHolders,
@@ -38,9 +40,16 @@ from webhook.policy.health.holdings import (
     PodView,
     Registration,
 )
+from webhook.policy.health.observed import SliceFacts
+from webhook.policy.model_health import DeviceTaintSignal
 from webhook.runtime.metrics import Registry
 
 log = logging.getLogger("gpuguard.node-agent")
+
+# The taints that fail a DRA device here: the agent reads no policy, so any driver taint of effect
+# NoSchedule or NoExecute (the default policy's `deviceTaints.keys: []`); the controllers' policy
+# decides what is done about the condition.
+ANY_DEVICE_TAINT = DeviceTaintSignal(keys=[], forSeconds=0)
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,12 @@ class PodCache(Protocol):
     def has_synced(self) -> bool: ...
 
 
+class SliceCache(Protocol):
+    def snapshot(self) -> dict[Hashable, SliceFacts]: ...
+
+    def has_synced(self) -> bool: ...
+
+
 class StatusWriter(Protocol):
     def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -80,6 +95,8 @@ class Observation:
     unregistered: tuple[str, ...] = ()
     # DRA device id -> the pods holding it on this node, and their claims.
     dra: dict[str, DeviceHolders] = field(default_factory=dict)
+    # DRA device id -> why it failed, of those held here.
+    dra_failed: Mapping[str, str] = field(default_factory=dict)
 
     def dra_devices_by_driver(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -95,6 +112,7 @@ class NodeAgent:
         *,
         resources: PodResources,
         pods: PodCache,
+        slices: SliceCache,
         writer: StatusWriter,
         events: EventRecorder,
         registry: Registry,
@@ -104,6 +122,7 @@ class NodeAgent:
         self.options = options
         self.resources = resources
         self.pods = pods
+        self.slices = slices
         self.writer = writer
         self.events = events
         self.registry = registry
@@ -159,15 +178,18 @@ class NodeAgent:
         reported = holdings.reported_devices(pods.values())
         loss = holdings.loss(held, allocatable, self.registrations, reported)
         self.registrations = loss.registrations
-        seen = holdings.device_keys(loss.lost)
+        dra = self._claim_loss(claims, pods)
+        seen = holdings.device_keys(loss.lost) | holdings.device_keys(dra.lost)
         self.first_seen = {key: self.first_seen.get(key, now) for key in seen}
-        lost = holdings.confirmed(loss.lost, self.first_seen, reported, now, self.options.confirm_seconds)
+        lost = holdings.confirmed(
+            [*loss.lost, *dra.lost], self.first_seen, reported, now, self.options.confirm_seconds
+        )
         unsure_resources = {*loss.unregistered, *loss.reregistered}
-        unsure = {h.pod_key for h in held if h.resource in unsure_resources}
+        unsure = {h.pod_key for h in held if h.resource in unsure_resources} | dra.unsure
         counts: dict[str, int] = {}
         for holding in loss.lost:
             counts[holding.resource] = counts.get(holding.resource, 0) + len(holding.device_ids)
-        self.observation = Observation(True, counts, loss.unregistered, holdings.dra_holders(claims))
+        self.observation = Observation(True, counts, loss.unregistered, holdings.dra_holders(claims), dra.why)
         if loss.unregistered:
             log.warning(
                 "no device of %s is allocatable: its plugin is not registered; pods holding it keep their condition",
@@ -181,8 +203,15 @@ class NodeAgent:
                 " other IDs, which is no device failure; pods holding them keep their condition",
                 ", ".join(loss.reregistered),
             )
-        for write in holdings.writes(pods, lost, unsure=unsure):
+        for write in holdings.writes(pods, lost, unsure=unsure, why=dra.why):
             self._write(write)
+
+    def _claim_loss(self, claims: list[ClaimHolding], pods: Mapping[str, PodView]) -> claimloss.ClaimLoss:
+        """The failed DRA devices held here; until the node's ResourceSlices are cached, none, and
+        every pod holding one keeps what its condition says."""
+        if not self.slices.has_synced():
+            return claimloss.ClaimLoss(unsure=frozenset(h.pod_key for h in claims))
+        return claimloss.claim_loss(claims, self.slices.snapshot().values(), pods, ANY_DEVICE_TAINT)
 
     def _write(self, write: holdings.Write) -> None:
         pod, condition = write.pod, write.condition

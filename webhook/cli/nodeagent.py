@@ -1,4 +1,5 @@
-"""`gpuguard node-agent`: reports pods holding devices their node no longer allocates (a DaemonSet).
+"""`gpuguard node-agent`: reports pods holding devices their node no longer allocates, or DRA devices
+its ResourceSlices fail (a DaemonSet).
 
 The Kubernetes client, gRPC and uvicorn are imported when the agent starts, never when the module
 loads (every `gpuguard` run loads every command module).
@@ -50,7 +51,8 @@ def register(commands: output.Commands) -> None:
     parser = output.add_parser(
         commands,
         "node-agent",
-        help="report pods holding devices their node no longer allocates (the kubelet's PodResources API)",
+        help="report pods holding devices their node no longer allocates, or failed DRA devices (the kubelet's"
+        " PodResources API, the node's ResourceSlices)",
     )
     parser.add_argument(
         "--node", default=os.environ.get("NODE_NAME", ""), help="this node's name ($NODE_NAME when set)"

@@ -377,6 +377,14 @@ def resource_slices(api: client.ApiClient) -> ResourceListWatch:
     return ResourceListWatch(collection(api, f"/apis/{RESOURCE_API}/resourceslices"))
 
 
+def slices_on_node(api: client.ApiClient, node: str) -> ResourceListWatch:
+    """The ResourceSlices of one node's devices (the node agent's view; the API server selects
+    ResourceSlices by spec.nodeName, as the kubelet's own list does)."""
+    return ResourceListWatch(
+        collection(api, f"/apis/{RESOURCE_API}/resourceslices"), field_selector=f"spec.nodeName={node}"
+    )
+
+
 def resource_claims(api: client.ApiClient) -> ResourceListWatch:
     return ResourceListWatch(collection(api, f"/apis/{RESOURCE_API}/resourceclaims"))
 

@@ -1,5 +1,5 @@
-"""The composition root of `gpuguard node-agent`: the pods informer on this node, the kubelet's
-PodResources client, the Event recorder and the probe server, wired around the poll loop
+"""The composition root of `gpuguard node-agent`: the informers of this node's pods and ResourceSlices,
+the kubelet's PodResources client, the Event recorder and the probe server, wired around the poll loop
 (webhook.agent.nodeagent) and started in this order.
 """
 
@@ -15,7 +15,7 @@ from webhook.kube import remediation
 from webhook.kube.client import api_client
 from webhook.kube.events import EventRecorder, api_sender
 from webhook.kube.informer import Informer
-from webhook.policy.health import holdings
+from webhook.policy.health import holdings, observed
 from webhook.policy.health.holdings import PodView
 from webhook.runtime import probes
 from webhook.runtime.metrics import Registry
@@ -26,17 +26,27 @@ def _pod(raw: dict[str, Any]) -> tuple[Hashable, PodView] | None:
     return (pod.key, pod) if pod is not None else None
 
 
+def _slice(raw: dict[str, Any]) -> tuple[Hashable, observed.SliceFacts] | None:
+    piece = observed.slice_facts(raw)
+    return (piece.name, piece) if piece is not None else None
+
+
 def run(options: Options) -> int:
     stop = threading.Event()
     api = api_client(options.kubeconfig)
     registry = Registry()
     events = EventRecorder(api_sender(api), stop=stop, instance=options.node)
     pods: Informer[PodView] = Informer("pods", remediation.pods_on_node(api, options.node), _pod, stop=stop)
+    # A cluster that serves no resource.k8s.io/v1 leaves them unserved: no DRA device is held there.
+    slices: Informer[observed.SliceFacts] = Informer(
+        "resourceslices", remediation.slices_on_node(api, options.node), _slice, stop=stop
+    )
     client = PodResourcesClient(options.socket)
     agent = NodeAgent(
         options,
         resources=client,
         pods=pods,
+        slices=slices,
         writer=remediation.PodStatusWriter(api),
         events=events,
         registry=registry,
@@ -51,7 +61,11 @@ def run(options: Options) -> int:
             "lastPollOk": agent.observation.ok,
             # Which pod holds which DRA device here: a failed device's pods on this node.
             "draDevices": {
-                device: {"pods": list(holders.pods), "claims": list(holders.claims)}
+                device: {
+                    "pods": list(holders.pods),
+                    "claims": list(holders.claims),
+                    **({"failed": why} if (why := agent.observation.dra_failed.get(device)) else {}),
+                }
                 for device, holders in agent.observation.dra.items()
             },
         },
@@ -62,6 +76,7 @@ def run(options: Options) -> int:
     server.start()
     events.start()
     pods.start()
+    slices.start()
     polling = threading.Thread(target=agent.run, name="poll", daemon=True)
     polling.start()
     stop.wait()

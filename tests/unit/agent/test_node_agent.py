@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -387,18 +387,27 @@ class Writer:
         (written,) = patch["status"]["conditions"]
         key = f"{namespace}/{name}"
         old = self.pods.pods[key]
-        self.pods.pods[key] = PodView(
-            old.namespace,
-            old.name,
-            old.uid,
-            "8",
-            Condition(written["status"], written["reason"], written["message"]),
-        )
+        condition = Condition(written["status"], written["reason"], written["message"])
+        self.pods.pods[key] = replace(old, resource_version="8", condition=condition)
         return {}
 
 
+class Slices:
+    """The agent's cache of its node's ResourceSlices."""
+
+    def __init__(self, *slices: observed.SliceFacts) -> None:
+        self.slices: dict[Hashable, observed.SliceFacts] = {piece.name: piece for piece in slices}
+        self.synced = True
+
+    def snapshot(self) -> dict[Hashable, observed.SliceFacts]:
+        return dict(self.slices)
+
+    def has_synced(self) -> bool:
+        return self.synced
+
+
 def agent_with(
-    kubelet: Kubelet, pods: Pods, writer: Writer, clock: list[float]
+    kubelet: Kubelet, pods: Pods, writer: Writer, clock: list[float], slices: Slices | None = None
 ) -> tuple[NodeAgent, Registry, list[str]]:
     sent: list[str] = []
     registry = Registry()
@@ -407,6 +416,7 @@ def agent_with(
         Options(node="n1", confirm_seconds=20),
         resources=kubelet,
         pods=pods,
+        slices=slices or Slices(),
         writer=writer,
         events=events,
         registry=registry,
@@ -470,7 +480,7 @@ def test_an_unreadable_kubelet_or_a_conflict_changes_nothing() -> None:
     assert [p[1] for p in writer.patches] == ["b"]
 
 
-def test_a_poll_reports_which_pod_holds_which_dra_device_and_writes_nothing_for_it() -> None:
+def test_a_poll_reports_which_pod_holds_which_dra_device_and_writes_nothing_while_no_slice_names_it() -> None:
     kubelet, pods = Kubelet(), Pods(view("a"), view("b"))
     kubelet.claimed = [
         ClaimHolding("ml", "a", "main", "ml", "a-gpu", DRA, "n1", "gpu-3"),
@@ -489,6 +499,73 @@ def test_a_poll_reports_which_pod_holds_which_dra_device_and_writes_nothing_for_
     kubelet.broken = True
     agent.poll()
     assert agent.observation.dra == {}  # an unreadable kubelet says nothing of who holds what
+
+
+def test_a_pod_holding_a_dra_device_its_driver_taints_gets_the_condition_until_the_taint_goes() -> None:
+    kubelet, pods = Kubelet(), Pods(view("a"), view("b"), view("c"))
+    kubelet.claimed = [
+        ClaimHolding("ml", "b", "main", "ml", "b-gpu", DRA, "n1", "gpu-3"),
+        ClaimHolding("ml", "c", "main", "ml", "c-gpu", DRA, "n1", "gpu-4"),
+    ]
+    xid = observed.Taint(f"{DRA}/xid", "79", "NoExecute")
+
+    def publish(*taints: observed.Taint, generation: int = 1) -> observed.SliceFacts:
+        devices = (
+            observed.DraDevice(DRA, "n1", "gpu-3", "n1-gpus", taints),
+            observed.DraDevice(DRA, "n1", "gpu-4"),
+        )
+        return observed.SliceFacts("n1-gpus", DRA, "n1", generation, 1, "n1", devices)
+
+    slices = Slices(publish())
+    slices.synced = False
+    writer, clock = Writer(pods), [1000.0]
+    agent, registry, _ = agent_with(kubelet, pods, writer, clock, slices)
+    agent.poll()
+    slices.synced = True
+    slices.slices["n1-gpus"] = publish(xid, generation=2)
+    agent.poll()
+    assert writer.patches == []  # not yet confirmed
+    clock[0] += 20
+    agent.poll()
+    ((_, name, patch),) = writer.patches
+    assert name == "b"  # c's device is healthy: c is never touched
+    (condition,) = patch["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("False", "DeviceNotAllocatable")
+    assert holdings.lost_devices(condition["message"]) == (
+        holdings.LostDevice("main", "claim:b-gpu", f"{DRA}/n1/gpu-3"),
+    )
+    why = f"tainted by its driver ({DRA}/xid=79:NoExecute, ResourceSlice n1-gpus)"
+    assert f'"why": "{why}"' in condition["message"]
+    assert agent.observation.dra_failed == {f"{DRA}/n1/gpu-3": why}
+    agent.poll()
+    assert len(writer.patches) == 1  # said once
+
+    slices.slices["n1-gpus"] = publish(observed.Taint(f"{DRA}/xid", "79", "None"), generation=3)
+    agent.poll()  # an informational taint fails nothing: the device is healthy again
+    assert [(p[1], p[2]["status"]["conditions"][0]["status"]) for p in writer.patches] == [
+        ("b", "False"),
+        ("b", "True"),
+    ]
+    assert registry.value("gpuguard_node_agent_condition_writes_total", "True", "written") == 1
+
+
+def test_a_dra_report_stands_while_the_slices_are_not_known() -> None:
+    kubelet, pods = Kubelet(), Pods(view("b"))
+    kubelet.holdings, kubelet.offered = [], {}
+    kubelet.claimed = [ClaimHolding("ml", "b", "main", "ml", "b-gpu", DRA, "n1", "gpu-3")]
+    gone = observed.SliceFacts("n1-gpus", DRA, "n1", 2, 1, "n1", ())
+    slices = Slices(gone)
+    writer = Writer(pods)
+    agent, _, _ = agent_with(kubelet, pods, writer, [0.0], slices)
+    agent.options = Options(node="n1", confirm_seconds=0)
+    agent.poll()
+    assert [p[2]["status"]["conditions"][0]["status"] for p in writer.patches] == ["False"]
+    assert "gone from pool n1" in writer.patches[0][2]["status"]["conditions"][0]["message"]
+    slices.slices = {}  # the driver publishes nothing: restarting, or gone
+    agent.poll()
+    slices.synced = False
+    agent.poll()
+    assert len(writer.patches) == 1  # b keeps its report
 
 
 @dataclass

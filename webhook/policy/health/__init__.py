@@ -10,6 +10,8 @@ they observed and `now`, and get back a verdict. The modules, from the bottom up
                     converted from the API objects
     signals.py      which signals a node shows, what state they put it in, and which nodes the
                     controllers look after
+    claimloss.py    which DRA devices the pods on a node hold have failed (the node agent's view of
+                    its node's ResourceSlices)
     fences.py       gpuguard's DeviceTaintRules, a failed DRA device fenced alone
     ladder.py       the plan for a node (condition, taint, cordon and drain, undone on recovery), its
                     budget and the circuit breaker

@@ -199,18 +199,22 @@ def by_pod(holdings: Iterable[Holding]) -> dict[str, list[Holding]]:
     return dict(found)
 
 
-def lost_condition(holdings: Iterable[Holding]) -> Condition:
+def lost_condition(holdings: Iterable[Holding], why: Mapping[str, str] | None = None) -> Condition:
     """The condition for a pod holding lost devices. Its message is a JSON list, one
     `{"resource", "container", "devices"}` per holding, sorted, so the same loss always reads the same
-    and any device ID reads back as it was written."""
-    parts = sorted(
-        (
-            {"resource": h.resource, "container": h.container, "devices": sorted(h.device_ids)}
-            for h in holdings
-        ),
-        key=lambda part: (part["resource"], part["container"], part["devices"]),
-    )
-    return Condition("False", LOST_REASON, json.dumps(parts))
+    and any device ID reads back as it was written. A holding of devices `why` explains (DRA devices:
+    a driver's taint, or gone from their pool) carries that too, as `"why"`."""
+    why = why or {}
+    parts: list[tuple[str, str, list[str], dict[str, object]]] = []
+    for h in holdings:
+        devices = sorted(h.device_ids)
+        part: dict[str, object] = {"resource": h.resource, "container": h.container, "devices": devices}
+        reasons = [why[device] for device in devices if device in why]
+        if reasons:
+            part["why"] = "; ".join(reasons)
+        parts.append((h.resource, h.container, devices, part))
+    parts.sort(key=lambda sorted_by: sorted_by[:3])
+    return Condition("False", LOST_REASON, json.dumps([part for *_, part in parts]))
 
 
 RESTORED = Condition("True", RESTORED_REASON, "every device the pod holds is allocatable again")
@@ -267,10 +271,18 @@ class PodView:
     resource_version: str
     # The agent's condition as the pod carries it now (None: never written).
     condition: Condition | None = None
+    # (ResourceClaim name, the pod's name for it in spec.resourceClaims): the kubelet's PodResources
+    # names the claim object, the pod's `claim:<name>` resources (allocatedResourcesStatus) its own.
+    claims: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def claim_name(self, claim: str) -> str:
+        """The pod's name for the ResourceClaim `claim`, or the claim's own when the pod does not say
+        (yet) which of its claims it is."""
+        return next((entry for object_name, entry in self.claims if object_name == claim), claim)
 
 
 def pod_view(raw: Mapping[str, object]) -> PodView | None:
@@ -288,8 +300,29 @@ def pod_view(raw: Mapping[str, object]) -> PodView | None:
                 str(item.get("status", "")), str(item.get("reason", "")), str(item.get("message", ""))
             )
     return PodView(
-        namespace, name, str(metadata.get("uid", "")), str(metadata.get("resourceVersion", "")), condition
+        namespace,
+        name,
+        str(metadata.get("uid", "")),
+        str(metadata.get("resourceVersion", "")),
+        condition,
+        _claim_names(raw.get("spec"), status),
     )
+
+
+def _claim_names(spec: object, status: object) -> tuple[tuple[str, str], ...]:
+    """(ResourceClaim name, the pod's name for it): a claim the pod references by name says so in its
+    spec, one made from a template in status.resourceClaimStatuses."""
+    found: dict[str, str] = {}
+    for source in (
+        spec.get("resourceClaims") if isinstance(spec, Mapping) else None,
+        status.get("resourceClaimStatuses") if isinstance(status, Mapping) else None,
+    ):
+        for item in source if isinstance(source, list) else []:
+            if isinstance(item, Mapping):
+                entry, object_name = item.get("name"), item.get("resourceClaimName")
+                if isinstance(entry, str) and isinstance(object_name, str):
+                    found[object_name] = entry
+    return tuple(sorted(found.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,12 +371,17 @@ def reported_devices(pods: Iterable[PodView]) -> set[DeviceKey]:
 
 
 def writes(
-    pods: Mapping[str, PodView], lost: Iterable[Holding], *, unsure: Iterable[str] = ()
+    pods: Mapping[str, PodView],
+    lost: Iterable[Holding],
+    *,
+    unsure: Iterable[str] = (),
+    why: Mapping[str, str] | None = None,
 ) -> list[Write]:
     """The condition writes that make every pod on the node say what it holds: False naming its lost
-    devices, True again for a pod whose False no longer holds. Pods in `unsure` (holding a resource
-    whose plugin is not registered) keep what they say. Nothing is written that is already there."""
-    wanted = {key: lost_condition(held) for key, held in by_pod(lost).items()}
+    devices (and `why`, where it explains them), True again for a pod whose False no longer holds.
+    Pods in `unsure` (holding a resource whose plugin is not registered, a DRA device whose pool is
+    not known in full) keep what they say. Nothing is written that is already there."""
+    wanted = {key: lost_condition(held, why) for key, held in by_pod(lost).items()}
     unsure = set(unsure)
     planned: list[Write] = []
     for key, pod in sorted(pods.items()):

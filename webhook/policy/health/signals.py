@@ -28,7 +28,7 @@ from webhook.policy.health.observed import (
 )
 from webhook.policy.health.records import NodeRecord
 from webhook.policy.model import Policy
-from webhook.policy.model_health import HealthSignals
+from webhook.policy.model_health import DeviceTaintSignal, HealthSignals
 
 EXCLUDE_LABEL = "gpuguard.io/exclude-from-remediation"
 
@@ -471,16 +471,20 @@ def _dra_devices(node: NodeFacts, policy: Policy) -> dict[str, list[DraDevice]]:
     return drivers
 
 
-def failing_taints(device: DraDevice, signals: HealthSignals) -> tuple[Taint, ...]:
+def failing_taints(device: DraDevice, taints: DeviceTaintSignal) -> tuple[Taint, ...]:
     """The device's taints that fail it: NoSchedule or NoExecute with a key the policy names (any
     when it names none). Effect None is informational, and gpuguard's own key is never its signal."""
-    taints = signals.deviceTaints
     return tuple(t for t in device.taints if t.key != TAINT_KEY and taints.fails(t.key, t.effect))
+
+
+def taint_text(taint: Taint) -> str:
+    """<key>[=<value>]:<effect>, as kubectl shows a taint."""
+    return f"{taint.key}={taint.value}:{taint.effect}" if taint.value else f"{taint.key}:{taint.effect}"
 
 
 def _dra_counts(dra: Mapping[str, Sequence[DraDevice]], signals: HealthSignals) -> dict[str, tuple[int, int]]:
     return {
-        driver: (sum(1 for d in published if not failing_taints(d, signals)), len(published))
+        driver: (sum(1 for d in published if not failing_taints(d, signals.deviceTaints)), len(published))
         for driver, published in sorted(dra.items())
     }
 
@@ -494,12 +498,11 @@ def _dra_signals(
     driver: str, published: Sequence[DraDevice], signals: HealthSignals, signal: Callable[..., None]
 ) -> None:
     """A driver's tainted devices, and its devices showing a claim condition the policy names."""
-    tainted = [(device, failing_taints(device, signals)) for device in published]
+    tainted = [(device, failing_taints(device, signals.deviceTaints)) for device in published]
     tainted = [(device, taints) for device, taints in tainted if taints]
     if tainted:
         named = [
-            f"{d.id} ({', '.join(f'{t.key}={t.value}:{t.effect}' if t.value else f'{t.key}:{t.effect}' for t in taints)}"
-            f", ResourceSlice {d.slice})"
+            f"{d.id} ({', '.join(taint_text(t) for t in taints)}, ResourceSlice {d.slice})"
             for d, taints in tainted
         ]
         signal(
