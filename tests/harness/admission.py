@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from tests.harness import REPO_ROOT
+from tests.harness import REPO_ROOT, manifests
 from tests.harness.controlplane import (
     LOOPBACK,
     POLL_INTERVAL,
@@ -227,29 +227,29 @@ def webhook_configurations(
     return {"apiVersion": "v1", "kind": "List", "items": [mutating, validating]}
 
 
+# The named objects the e2e and node tiers submit, built by manifests' builders: one set of builders,
+# with what a real API server needs on top (a namespace, an image it can resolve, labels that select).
+
+
 def gpu_container(name: str = "main", gpus: int = 1) -> dict[str, Any]:
-    return {"name": name, "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+    return manifests.container(name, image=IMAGE, limits={"nvidia.com/gpu": str(gpus)})
+
+
+def _named(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    obj["metadata"]["namespace"] = namespace
+    return obj
 
 
 def gpu_pod(name: str, namespace: str, gpus: int = 1, *, restart_policy: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [gpu_container(gpus=gpus)]}
-    if restart_policy is not None:
-        spec["restartPolicy"] = restart_policy
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
+    return manifests.pod(
+        gpu_container(gpus=gpus), name=name, namespace=namespace, restart_policy=restart_policy
+    )
 
 
 def cpu_pod(name: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"containers": [{"name": "main", "image": IMAGE, "resources": {"requests": {"cpu": "10m"}}}]},
-    }
+    return manifests.pod(
+        manifests.container(image=IMAGE, requests={"cpu": "10m"}), name=name, namespace=namespace
+    )
 
 
 def pinned_to_gpu_nodes(name: str, namespace: str) -> dict[str, Any]:
@@ -260,75 +260,37 @@ def pinned_to_gpu_nodes(name: str, namespace: str) -> dict[str, Any]:
     return pod
 
 
-def _template(name: str, restart_policy: str) -> dict[str, Any]:
-    return {
-        "metadata": {"labels": {"app": name}},
-        "spec": {"restartPolicy": restart_policy, "containers": [gpu_container()]},
-    }
-
-
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 
 
 def device_plugin_daemonset(name: str, namespace: str, image: str) -> dict[str, Any]:
     """A device plugin the way vendors ship one: the kubelet's device-plugin directory mounted."""
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "plugin",
-                            "image": image,
-                            "volumeMounts": [{"name": "device-plugins", "mountPath": DEVICE_PLUGINS}],
-                        }
-                    ],
-                    "volumes": [{"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGINS}}],
-                },
-            },
-        },
-    }
+    plugin = manifests.container("plugin", image=image)
+    plugin["volumeMounts"] = [{"name": "device-plugins", "mountPath": DEVICE_PLUGINS}]
+    volumes = [{"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGINS}}]
+    return _named(manifests.templated("DaemonSet", plugin, name=name, volumes=volumes), namespace)
 
 
 def gpu_job(name: str, namespace: str, *, restart_policy: str = "Never") -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"backoffLimit": 4, "template": _template(name, restart_policy)},
-    }
+    job = manifests.job(gpu_container(), name=name, restart_policy=restart_policy, backoffLimit=4)
+    job["spec"]["template"]["metadata"] = {"labels": {"app": name}}
+    return _named(job, namespace)
 
 
 def gpu_cronjob(name: str, namespace: str) -> dict[str, Any]:
     job = gpu_job(name, namespace)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "metadata": job["metadata"],
-        "spec": {"schedule": "0 2 * * *", "jobTemplate": {"spec": job["spec"]}},
-    }
+    cronjob = manifests.cronjob(name=name)
+    cronjob["spec"]["jobTemplate"]["spec"] = job["spec"]
+    return _named(cronjob, namespace)
 
 
 def gpu_deployment(name: str, namespace: str, *, kind: str = "Deployment") -> dict[str, Any]:
     """A Deployment, or with `kind="StatefulSet"` a StatefulSet: the fields gpuguard reads are the same."""
-    spec: dict[str, Any] = {
-        "replicas": 1,
-        "selector": {"matchLabels": {"app": name}},
-        "template": _template(name, "Always"),
-    }
+    workload = manifests.templated(kind, gpu_container(), name=name, restartPolicy="Always")
+    workload["spec"]["replicas"] = 1
     if kind == "StatefulSet":
-        spec["serviceName"] = name
-    return {
-        "apiVersion": "apps/v1",
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
+        workload["spec"]["serviceName"] = name
+    return _named(workload, namespace)
 
 
 def gpu_statefulset(name: str, namespace: str) -> dict[str, Any]:

@@ -71,9 +71,11 @@ def container(
     claims: Iterable[str] = (),
     restart_policy: str | None = None,
     lifecycle: JSON | None = None,
+    image: str | None = None,
 ) -> JSON:
-    """A container; `gpus` > 0 asks for that many `resource` in its limits."""
-    result: JSON = {"name": name, "image": f"registry.example/{name}:1"}
+    """A container; `gpus` > 0 asks for that many `resource` in its limits. The image is a made-up one
+    unless given (objects a real API server or kubelet takes need one it can pull or has)."""
+    result: JSON = {"name": name, "image": image or f"registry.example/{name}:1"}
     resources: JSON = {}
     all_limits = dict(limits or {})
     if gpus:
