@@ -25,7 +25,7 @@ from tests.unit.policy.test_health import (
     raw_node,
     raw_pod,
 )
-from webhook.policy.health import ladder, observed, podverdicts, records, signals
+from webhook.policy.health import holdings, ladder, observed, podverdicts, records, signals
 from webhook.policy.model import Policy
 
 CLAIM = "claim:gpu/req"
@@ -227,6 +227,51 @@ def test_a_device_the_policy_names_counts() -> None:
     assert podverdicts.pod_verdict(nic, named, NOW).reason == "DeviceUnhealthy"
     (signal,) = signals.assess(node(), [device_plugin(), nic], named, NOW).signals
     assert (signal.kind, signal.resource) == ("podDevice", "rdma/hca_shared_devices_a")
+
+
+def agent_reports(resource: str, device: str) -> dict[str, str]:
+    """The node agent's condition on a pod whose container `main` lost `device` of `resource`."""
+    lost = holdings.Holding("ml", "trainer", "main", resource, frozenset({device}))
+    message = holdings.lost_condition([lost], {device: "gone from its pool"}).message
+    return {"type": holdings.CONDITION_TYPE, "status": "False", "message": message}
+
+
+def dra_nic_pod(*, agent_condition: bool = False) -> observed.PodFacts:
+    """A GPU pod that also holds an RDMA NIC through a DRA claim whose driver is no accelerator driver;
+    the NIC is reported Unhealthy by the kubelet (`agent_condition`: by the node agent instead)."""
+    nic = "rdma.example.com/n1/nic0"
+    raw = raw_pod(claims=["nic"], devices=[] if agent_condition else [("claim:nic " + nic, "Unhealthy")])
+    if agent_condition:
+        raw["status"]["conditions"].append(agent_reports("claim:nic", nic))
+    facts = observed.pod_facts(raw)
+    assert facts is not None
+    return facts
+
+
+@pytest.mark.parametrize("agent_condition", [False, True], ids=["kubelet", "node-agent"])
+def test_an_unhealthy_dra_nic_on_a_gpu_pod_does_not_evict_it(agent_condition: bool) -> None:
+    """Claims count (the default), but the NIC's driver matches no accelerators.draDrivers pattern."""
+    nic = dra_nic_pod(agent_condition=agent_condition)
+    assert not podverdicts.pod_verdict(nic, ENFORCE, NOW).evict
+    assert signals.assess(node(), [device_plugin(), nic], ENFORCE, NOW).signals == ()
+
+
+def test_an_unhealthy_dra_gpu_the_kubelet_reports_evicts_the_pod() -> None:
+    gpu = dra_pod("Unhealthy")  # named by its CDI device ID, which does not name the driver: judged as before
+    named = pod(gpus=0, claims=["gpu"], devices=[(f"{CLAIM} gpu.nvidia.com/n1/gpu-0", "Unhealthy")])
+    for holder in (gpu, named):
+        assert podverdicts.pod_verdict(holder, ENFORCE, NOW).reason == "DeviceUnhealthy"
+
+
+def test_the_node_agents_dra_report_is_left_to_the_controllers_own_slices() -> None:
+    """The agent fails a DRA device on any taint of any driver, without the policy's keys or forSeconds;
+    the controllers judge the same ResourceSlices themselves, so its DRA entries count for nothing here."""
+    gpu = pod(gpus=0, claims=["gpu"])
+    raw = raw_pod(gpus=0, claims=["gpu"])
+    raw["status"]["conditions"].append(agent_reports("claim:gpu", "gpu.nvidia.com/n1/gpu-0"))
+    reported = observed.pod_facts(raw)
+    assert reported is not None and reported.devices == gpu.devices == ()
+    assert not podverdicts.pod_verdict(reported, ENFORCE, NOW).evict
 
 
 def test_claims_count_only_when_the_policy_counts_claims() -> None:

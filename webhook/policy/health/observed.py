@@ -503,9 +503,16 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
     conditions = [as_mapping(c) for c in status.get("conditions") or []]
     for condition in conditions:
         # The node agent's report, from the PodResources API: a device held but no longer allocatable.
+        # Its DRA entries (claim: resources) are left out: the agent fails a DRA device on any driver's
+        # taint or on leaving its pool, read from the node's ResourceSlices without the policy, and the
+        # controllers read those slices themselves, with the policy's drivers, taint keys and forSeconds.
         if condition.get("type") == holdings.CONDITION_TYPE and condition.get("status") == "False":
             lost = holdings.lost_devices(str(condition.get("message", "")))
-            devices.extend(DeviceHealth(d.container, d.resource, d.device, "Unhealthy") for d in lost)
+            devices.extend(
+                DeviceHealth(d.container, d.resource, d.device, "Unhealthy")
+                for d in lost
+                if not d.resource.startswith(CLAIM_PREFIX)
+            )
     claims = any(request.startswith(CLAIM_PREFIX) for request in requests)
     labels = as_mapping(metadata.get("labels")) if owner_kind == "DaemonSet" or claims else {}
     return PodFacts(

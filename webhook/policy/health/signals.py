@@ -140,6 +140,17 @@ def _is_accelerator_request(name: str, policy: Policy) -> bool:
     )
 
 
+def _is_accelerator_device(device: DeviceHealth, policy: Policy) -> bool:
+    """A claim's device counts only when its driver is an accelerator driver: a pod holding a GPU and an
+    RDMA NIC claim must not be evicted for the NIC. The kubelet names a claim's device by its first CDI
+    device ID (`vendor/class=name`, which does not name the driver) or, without one, as
+    `<driver>/<pool>/<device>` (pkg/kubelet/cm/dra/manager.go); only the latter says the driver, so a
+    device named otherwise is judged by its resource alone, as before."""
+    if not device.resource.startswith(CLAIM_PREFIX) or "=" in device.device or device.device.count("/") < 2:
+        return True
+    return policy.accelerators.is_accelerator_driver(device.device.split("/", 1)[0])
+
+
 def is_accelerator_pod(pod: PodFacts, policy: Policy) -> bool:
     return any(_is_accelerator_request(name, policy) for name in pod.requests)
 
@@ -162,6 +173,7 @@ def reported_devices(
         if device.health == state
         and pod.holds(device.resource)
         and _is_accelerator_request(device.resource, policy)
+        and _is_accelerator_device(device, policy)
         and (state == "Unhealthy" or (device.resource, device.device) in pod.reported)
     ]
 
