@@ -90,7 +90,9 @@ class NativePolicies:
         self.configurations = configurations
         self.settle_seconds = settle_seconds
         self.clock = clock
-        # When the native objects last changed (or this replica started: it cannot know they are in force).
+        # When the native objects were last seen to change, were written, or this replica began to lead:
+        # it cannot know they are in force before the API server's admission plugins have had the settle
+        # time to load them from their own watch.
         self.changed_at = clock()
         # The condition each configuration's webhooks carry, as last written or read (for /policy).
         self.narrowed: dict[str, str | None] = {}
@@ -105,6 +107,13 @@ class NativePolicies:
         self.registry.observe(series.RECONCILE_SECONDS, seconds, NAME)
 
     def owned_changed(self, change: Change[Owned]) -> None:
+        self.changed_at = self.clock()
+        self.controller.enqueue(KEY)
+
+    def start_leading(self) -> None:
+        """Reconcile as the new leader: what the last one wrote may not be in force yet."""
+        self.changed_at = self.clock()
+        self.controller.start()
         self.controller.enqueue(KEY)
 
     def policy_changed(self) -> None:
@@ -131,15 +140,18 @@ class NativePolicies:
         writes = nativesync.plan(want, have)
         if not writes:
             return self._narrow_when_settled(policy)
-        # The native side changes: the webhooks see everything until it is in force again.
-        self._narrow(nativenarrow.Narrowing(dict.fromkeys(nativenarrow.CONFIGURATION_KINDS)), policy)
-        self.changed_at = self.clock()
+        # The native side changes: the webhooks see everything until it is in force again. Widening is
+        # seen by the API server through another watch than the native objects: the objects change only
+        # once the widened webhooks have had the settle time, or a request could reach neither.
+        if self._narrow(nativenarrow.Narrowing(dict.fromkeys(nativenarrow.CONFIGURATION_KINDS)), policy):
+            return Result(requeue_after=self.settle_seconds)
         refused: list[str] = []
         for write in writes:
             try:
                 self._send(write, policy)
             except InvalidObjectError as exc:
                 refused.append(f"{write.kind} {write.name}: {exc}")
+        self.changed_at = self.clock()
         if refused:
             self.problem = "the API server refused " + "; ".join(refused)
             raise TerminalError(self.problem)
@@ -155,10 +167,12 @@ class NativePolicies:
         self.problem = None
         return Result()
 
-    def _narrow(self, narrowing: nativenarrow.Narrowing, policy: Policy) -> None:
-        """Each configuration's webhooks given `narrowing`'s condition, patched at the version read."""
+    def _narrow(self, narrowing: nativenarrow.Narrowing, policy: Policy) -> bool:
+        """Each configuration's webhooks given `narrowing`'s condition, patched at the version read;
+        whether any was patched."""
+        patched = False
         if self.configurations is None:
-            return
+            return patched
         for kind, condition in narrowing.conditions.items():
             stored = self.configurations.read(kind)
             if stored is None:
@@ -171,6 +185,7 @@ class NativePolicies:
                 except InvalidObjectError as exc:
                     self.problem = f"the API server refused the match condition of {kind}: {exc}"
                     raise TerminalError(self.problem) from exc
+                patched = True
                 self.registry.inc(series.NATIVE_POLICY_WRITES, "narrow" if condition is not None else "widen")
                 log.info(
                     "%s the webhooks of %s for admission.mode %s",
@@ -180,6 +195,7 @@ class NativePolicies:
                     extra={"fields": {"controller": NAME, "kind": kind, "narrowed": condition is not None}},
                 )
             self.narrowed[kind] = condition
+        return patched
 
     def status(self) -> dict[str, object]:
         """For /policy: how many objects gpuguard owns, by kind, and what keeps them from the policy."""

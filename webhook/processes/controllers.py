@@ -367,8 +367,7 @@ class ControllerManager:
         threading.Thread(target=self._write_due_log, name="breaker-log", daemon=True).start()
         self.controllers.node_health.controller.start()
         self.controllers.pod_health.controller.start()
-        self.native.controller.start()
-        self.native.policy_changed()
+        self.native.start_leading()
         self.controllers.enqueue_all()
         for runnable in self.runnables:
             runnable.start()

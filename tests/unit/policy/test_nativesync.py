@@ -401,14 +401,37 @@ def _narrowed(policy: Policy, recorded: RecordedWithConfigurations, clock: Clock
     return objects
 
 
-def test_the_webhooks_are_widened_before_any_native_object_changes() -> None:
+def test_the_webhooks_are_widened_and_settled_before_any_native_object_changes() -> None:
     recorded, clock = RecordedWithConfigurations(), Clock()
     objects = _narrowed(make_policy({"admission": {"mode": "hybrid"}}), recorded, clock)
-    # Back to webhook: both configurations widened, then the objects deleted.
-    _narrowing(make_policy({}), objects, recorded, clock).reconcile(KEY)
-    assert [verb for verb, _, _ in recorded.calls[:2]] == ["patch", "patch"]
-    assert {verb for verb, _, _ in recorded.calls[2:]} == {"delete"}
+    # Back to webhook: both configurations widened; the API server sees that through its own watch of
+    # them, so the objects are deleted only on the next pass, the settle time later.
+    back = _narrowing(make_policy({}), objects, recorded, clock)
+    assert back.reconcile(KEY).requeue_after == 5.0
+    assert [verb for verb, _, _ in recorded.calls] == ["patch", "patch"]
     assert recorded.conditions() == [None, None]
+    clock.now += 5.0
+    back.reconcile(KEY)
+    assert {verb for verb, _, _ in recorded.calls[2:]} == {"delete"}
+
+
+def test_a_new_leader_narrows_only_once_what_its_predecessor_wrote_has_settled() -> None:
+    """A replica that waited long as a standby takes over just after the old leader wrote the objects:
+    its settle time starts when it begins to lead, not when it started."""
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    recorded, clock = RecordedWithConfigurations(), Clock()
+    standby = _narrowing(policy, [_stored(o) for o in _wanted(policy)], recorded, clock)
+    clock.now += 3600.0
+    standby.start_leading()
+    try:
+        assert standby.reconcile(KEY).requeue_after == 5.0
+        assert recorded.conditions() == [None, None]
+        clock.now += 5.0
+        assert standby.reconcile(KEY).requeue_after is None
+        assert recorded.conditions() == list(narrowing(policy).conditions.values())
+    finally:
+        standby.controller.stop.set()
+        standby.controller.shutdown()
 
 
 def test_a_policy_that_does_not_compile_leaves_the_webhooks_whole() -> None:
