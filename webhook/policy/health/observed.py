@@ -9,6 +9,7 @@ node's ResourceSlices and the claims holding them (`node_devices`, `with_devices
 from __future__ import annotations
 
 import datetime
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -515,17 +516,20 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
             )
     claims = any(request.startswith(CLAIM_PREFIX) for request in requests)
     labels = as_mapping(metadata.get("labels")) if owner_kind == "DaemonSet" or claims else {}
+    # The texts pods share (namespace, node, phase, owner kind, resource names, label keys and values)
+    # are interned: each decoded pod brings its own copies, and the leader keeps every accelerator pod.
+    intern = sys.intern
     return PodFacts(
-        namespace=namespace,
+        namespace=intern(namespace),
         name=name,
         uid=str(metadata.get("uid", "")),
-        node=str(spec.get("nodeName") or ""),
-        phase=str(status.get("phase") or "Pending"),
+        node=intern(str(spec.get("nodeName") or "")),
+        phase=intern(str(status.get("phase") or "Pending")),
         deleting=metadata.get("deletionTimestamp") is not None,
-        owner_kind=owner_kind,
+        owner_kind=intern(owner_kind),
         mirror="kubernetes.io/config.mirror" in as_mapping(metadata.get("annotations")),
-        requests=requests,
-        labels={str(k): str(v) for k, v in labels.items()},
+        requests=tuple(intern(request) for request in requests),
+        labels={intern(str(k)): intern(str(v)) for k, v in labels.items()},
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         started_at=max(started, default=None),
         devices=tuple(dict.fromkeys(devices)),
