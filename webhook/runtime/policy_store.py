@@ -76,7 +76,10 @@ class PolicyStore:
             return False
         with self._lock:
             self.last_error = None
-            if policy.hash == self.policy.hash:
+            # The same policy from another source is adopted all the same: a ConfigMap that spells out
+            # the defaults must be said active (its PolicyLoaded Event, /policy's source), and from then
+            # on it is where the policy comes from.
+            if policy.hash == self.policy.hash and source == self.source:
                 return False
             self.policy, self.source, self.loaded_at = policy, source, time.time()
         log.info("policy %s loaded from %s", policy.hash, source, extra={"fields": {"policy": policy.hash}})

@@ -73,12 +73,20 @@ def test_without_cluster_options_no_client_is_made_and_the_policy_file_is_served
     assert state.store.source == f"file {policy_file}"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("mode: audit\n", id="another-policy"),
+        # The defaults spelled out: the policy in force does not change, its source does, and says so.
+        pytest.param("mode: enforce\n", id="the-embedded-policy"),
+    ],
+)
 def test_the_configmaps_policy_is_in_force_before_serving_and_said_active_on_it(
-    tmp_path: Path, server: FakeApiServer, stop: threading.Event
+    tmp_path: Path, server: FakeApiServer, stop: threading.Event, text: str
 ) -> None:
-    with_configmap(server, "mode: audit\n")
+    with_configmap(server, text)
     _, state = serve.build(options(tmp_path, policy_configmap=f"{NAMESPACE}/{NAME}"), stop)
-    assert state.policy.hash == parse_policy("mode: audit\n").hash
+    assert state.policy.hash == parse_policy(text).hash
     assert state.store.source == f"ConfigMap {NAMESPACE}/{NAME}"
     loaded = event(server, "PolicyLoaded")
     assert loaded["note"] == f"policy {state.policy.hash} is active"

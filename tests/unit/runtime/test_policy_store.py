@@ -35,10 +35,23 @@ def test_a_valid_different_policy_becomes_active_and_is_announced(store: PolicyS
     assert [policy.hash for policy in loaded] == [after.hash]
 
 
-def test_the_same_policy_again_changes_nothing(store: PolicyStore) -> None:
+def test_the_same_policy_again_from_the_same_source_changes_nothing(store: PolicyStore) -> None:
+    assert store.offer(text(enabled=False), source="file policy.yaml")
+    loaded_at = store.status().loaded_at
     store.on_loaded = lambda policy: pytest.fail(f"announced {policy.hash} again")
-    assert not store.offer(text(), source="file policy.yaml")
-    assert store.status().source == "embedded default"
+    assert not store.offer(text(enabled=False), source="file policy.yaml")
+    assert store.status().loaded_at == loaded_at
+
+
+def test_the_active_policy_from_another_source_is_adopted_and_announced(store: PolicyStore) -> None:
+    """A ConfigMap spelling out the defaults: the embedded policy is what it says, and it must still be
+    said active (its PolicyLoaded Event) and named as the source from then on."""
+    loaded: list[Policy] = []
+    store.on_loaded = loaded.append
+    assert store.offer(text(), source="ConfigMap gpuguard/gpuguard-policy")
+    status = store.status()
+    assert (status.hash, status.source) == (default_policy().hash, "ConfigMap gpuguard/gpuguard-policy")
+    assert [policy.hash for policy in loaded] == [default_policy().hash]
 
 
 def test_an_invalid_policy_is_refused_counted_and_reported_and_the_active_one_stays(
