@@ -60,6 +60,15 @@ def device_id(driver: str, pool: str, device: str) -> str:
     return f"{driver}/{pool}/{device}"
 
 
+def device_driver(name: str) -> str | None:
+    """The driver a device's name says: the kubelet names a claim's device by its first CDI device ID
+    (`vendor/class=name`, which does not name the driver) or, without one, `<driver>/<pool>/<device>`
+    (pkg/kubelet/cm/dra/manager.go); None for any name but the latter."""
+    if "=" in name or name.count("/") < 2:
+        return None
+    return name.split("/", 1)[0]
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimHolding:
     """A DRA device one container of a pod holds through a resource claim (`List`'s

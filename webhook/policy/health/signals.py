@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from webhook.policy.accelerators import claim_counts, is_accelerator_node
+from webhook.policy.health.holdings import device_driver
 from webhook.policy.health.observed import (
     CLAIM_PREFIX,
     TAINT_KEY,
@@ -142,13 +143,10 @@ def _is_accelerator_request(name: str, policy: Policy) -> bool:
 
 def _is_accelerator_device(device: DeviceHealth, policy: Policy) -> bool:
     """A claim's device counts only when its driver is an accelerator driver: a pod holding a GPU and an
-    RDMA NIC claim must not be evicted for the NIC. The kubelet names a claim's device by its first CDI
-    device ID (`vendor/class=name`, which does not name the driver) or, without one, as
-    `<driver>/<pool>/<device>` (pkg/kubelet/cm/dra/manager.go); only the latter says the driver, so a
-    device named otherwise is judged by its resource alone, as before."""
-    if not device.resource.startswith(CLAIM_PREFIX) or "=" in device.device or device.device.count("/") < 2:
-        return True
-    return policy.accelerators.is_accelerator_driver(device.device.split("/", 1)[0])
+    RDMA NIC claim must not be evicted for the NIC. A device whose name does not say its driver (a CDI
+    ID) is judged by its resource alone, as before."""
+    driver = device_driver(device.device) if device.resource.startswith(CLAIM_PREFIX) else None
+    return driver is None or policy.accelerators.is_accelerator_driver(driver)
 
 
 def is_accelerator_pod(pod: PodFacts, policy: Policy) -> bool:
@@ -447,9 +445,8 @@ def _pod_report_signals(
             message = (
                 f"{resource}: {len(ids)} devices reported {health_state} by pods ({', '.join(sorted(ids))})"
             )
-            # A claim's devices count for their driver's share of the node (the kubelet names a
-            # DRA device <driver>/<pool>/<device> when its driver gives no CDI name).
-            drivers = {driver for driver in dra if any(i.startswith(f"{driver}/") for i in ids)}
+            # A claim's devices count for their driver's share of the node.
+            drivers = set(dra).intersection(device_driver(i) for i in ids)
             share_of = drivers.pop() if len(drivers) == 1 else resource
             # Only an Unhealthy device is fenced: the device, not the pod, is what failed.
             fenceable = tuple(sorted(ids & published)) if ids <= published and kind == "podDevice" else ()
