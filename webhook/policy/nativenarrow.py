@@ -138,7 +138,7 @@ def _split(
         "everything in namespaces " + ", ".join(UNWATCHED_NAMESPACES) + " (no native policy binds there)"
     )
     if not whole:
-        return [Part(_UNWATCHED, None), Part(_WATCHED, condition)], [unwatched, *reasons]
+        return [Part(_WATCHED, condition), Part(_UNWATCHED, None)], [*reasons, unwatched]
     found = regions(policy)
     # A region where no mutating rule acts has the webhook do nothing whatever it is sent: it goes with
     # the others rather than make a split.
@@ -154,13 +154,19 @@ def _split(
             f"everything: the namespaces would be {len(found)} regions, more than the {MAX_PARTS} entries"
             " a webhook is split into (" + "; ".join(sorted(set(whole.values()))) + ")"
         ]
-    parts = [Part(_UNWATCHED, None)]
-    sent = [unwatched]
-    for index, region in enumerate(found):
-        parts.append(Part([*region.requirements, *_WATCHED], None if index in whole else condition))
-        if index in whole:
-            sent.append(f"everything in {region.description} ({whole[index]} there)")
-    return parts, [*sent, "elsewhere:", *(f"  {what}" for what in reasons)]
+    # The unwatched namespaces last: a webhook's first entry, which keeps its name, holds the
+    # namespaces it was made for.
+    parts = [
+        Part([*region.requirements, *_WATCHED], None if index in whole else condition)
+        for index, region in enumerate(found)
+    ]
+    sent = [f"everything in {found[index].description} ({why} there)" for index, why in whole.items()]
+    return [*parts, Part(_UNWATCHED, None)], [
+        *sent,
+        unwatched,
+        "elsewhere:",
+        *(f"  {what}" for what in reasons),
+    ]
 
 
 def narrowing(policy: Policy) -> Narrowing:
