@@ -10,11 +10,14 @@ A policy that does not compile changes nothing: the objects of the last one that
 webhook keeps the last good policy. An object the API server refuses (422) is left as it was; the rest of
 the writes still go.
 
-Then gpuguard's webhook configurations: their one match condition of gpuguard's (webhook.policy.nativenarrow)
-is written only when the native objects are as wanted and have been for SETTLE_SECONDS (the API server's
-admission plugins take them from their own watch), and removed before any native object is written, so
-the webhooks see every request whenever the native side is changing. A policy that does not compile, or
-`webhook` mode, leaves the webhooks un-narrowed.
+Then gpuguard's webhook configurations: their match condition of gpuguard's, and the entries a webhook is
+split into where namespaces differ (webhook.policy.nativenarrow), are written only when the native
+objects are as wanted and have been for SETTLE_SECONDS (the API server's admission plugins take them from
+their own watch), and undone (the configurations as deploy/ shaped them) before any native object is
+written, so the webhooks see every request whenever the native side is changing. A policy that does not
+compile, or `webhook` mode, leaves the webhooks un-narrowed. The configurations are watched too: a change
+by anyone else wakes the key, which reads them afresh and writes only what differs (a conflict is read
+again, never forced).
 """
 
 from __future__ import annotations

@@ -132,10 +132,11 @@ def _unmatched(policy: Policy, region: Region) -> str | None:
 def _split(
     policy: Policy, condition: str, reasons: list[str], whole: dict[int, str]
 ) -> tuple[list[Part], list[str]]:
-    """The parts of one webhook: the unwatched namespaces and the regions in `whole` (index: why) get
-    every request, the rest `condition`."""
+    """The parts of one webhook: the unwatched namespaces and the regions in `whole` (index: why; only
+    the mutating webhook has any) get every request, the rest `condition`."""
     unwatched = (
-        "everything in namespaces " + ", ".join(UNWATCHED_NAMESPACES) + " (no native policy binds there)"
+        f"everything in namespaces {', '.join(UNWATCHED_NAMESPACES)} where a webhook covers them"
+        " (no native policy binds there)"
     )
     if not whole:
         return [Part(_WATCHED, condition), Part(_UNWATCHED, None)], [*reasons, unwatched]
@@ -294,11 +295,12 @@ class Shape:
 
 def shaped(configuration: Mapping[str, Any], parts: list[Part]) -> Shape:
     webhooks: list[JSON] = list(configuration.get("webhooks") or [])
-    names = {str(w["name"]) for w in webhooks}
 
     def split_from(webhook: JSON) -> str | None:
+        """The webhook an entry was split from; one whose webhook is gone (deploy/ renamed it) is
+        dropped with it."""
         added = _ADDED_ENTRY.fullmatch(str(webhook["name"]))
-        return added.group(1) if added and added.group(1) in names else None
+        return added.group(1) if added else None
 
     added: dict[str, list[JSON]] = {}
     for webhook in webhooks:

@@ -291,3 +291,15 @@ def test_the_patch_touches_gpuguards_condition_alone_at_the_version_read(
         k: v for k, v in stored["webhooks"][0].items() if k != "matchConditions"
     }
     assert configuration_patch(patched, parts) == []
+
+
+def test_the_entries_of_a_webhook_deploy_renamed_go_with_it() -> None:
+    stored = {**copy.deepcopy(DEPLOYED[MUTATING]), "metadata": {"name": "gpuguard", "resourceVersion": "3"}}
+    parts = narrowing(make_policy(REGIONS)).parts[MUTATING]
+    split = jsonpatch.apply_patch(stored, configuration_patch(stored, parts))
+    # A newer deploy/ applied: the webhook is renamed, and kubectl apply deleted the old one.
+    renamed = {**copy.deepcopy(DEPLOYED[MUTATING]["webhooks"][0]), "name": "mutate.v2.gpuguard.io"}
+    split["webhooks"][0] = renamed
+    names = [w["name"] for w in shaped(split, parts).webhooks]
+    assert names[0] == "mutate.v2.gpuguard.io"
+    assert all(name.endswith(".mutate.v2.gpuguard.io") for name in names[1:])
