@@ -378,9 +378,11 @@ def narrowing_conditions(plane: ControlPlane) -> list[list[str | None]]:
 
 def narrowed(plane: ControlPlane) -> bool:
     """Narrowed where the native policies bind: the session's webhooks leave out kube-system alone, so
-    each is split in two, its own namespaces narrowed and gpuguard's and kube-node-lease un-narrowed."""
+    each gets an entry more for gpuguard's namespace and kube-node-lease, sending what it does not."""
     return all(
-        len(conditions) == 2 and conditions[0] not in (None, "false") and conditions[1] is None
+        len(conditions) == 2
+        and conditions[0] not in (None, "false")
+        and conditions[1] == f"!({conditions[0]})"
         for conditions in narrowing_conditions(plane)
     )
 
@@ -510,9 +512,10 @@ def test_namespaces_in_warn_or_audit_mode_get_every_request_and_the_leader_undoe
     assert by_webhook[warned][1], "the warn namespace's pod got no warning"
     assert by_webhook[audited][0] != by_webhook[enforced][0], "the audit namespace's pod was mutated"
 
-    # hybrid: the mutating webhook split three ways (each entry with its own namespaces), the validating
-    # one as before; the pods of the warn and audit namespaces reach gpuguard and come out as they did,
-    # warnings included, the enforce namespace's is the MAPs' alone and comes out as it did too.
+    # hybrid: the mutating webhook narrowed, its selector as registered, with an entry more for each of
+    # the warn and audit namespaces (and gpuguard's own) sending them what it does not; the validating
+    # one as before. The pods of the warn and audit namespaces reach gpuguard and come out as they did,
+    # warnings included; the enforce namespace's is the MAPs' alone and comes out as it did too.
     set_both_policies(cluster, webhook, {**HYBRID, **regions})
     eventually(
         lambda: len(narrowing_conditions(cluster)[0]) > 2 and narrowing_conditions(cluster)[1][0] is not None,
@@ -522,7 +525,9 @@ def test_namespaces_in_warn_or_audit_mode_get_every_request_and_the_leader_undoe
     )
     split = registered_webhooks(cluster)
     mutating = split[0]
-    assert mutating[0]["name"] == registered[0][0]["name"]
+    assert {k: v for k, v in mutating[0].items() if k != "matchConditions"} == {
+        k: v for k, v in registered[0][0].items() if k != "matchConditions"
+    }
     assert [w["name"] for w in mutating[1:]] == [
         f"region-{i}.{registered[0][0]['name']}" for i in range(1, len(mutating))
     ]
@@ -530,6 +535,14 @@ def test_namespaces_in_warn_or_audit_mode_get_every_request_and_the_leader_undoe
         outcome, warnings, seen = answered(webhook, cluster, gpu_pod("plain", namespace))
         assert seen == reaches, namespace
         assert (outcome, warnings) == by_webhook[namespace][:2], namespace
+
+    # `kubectl apply` of the registration, unchanged: its last-applied configuration is the same, so it
+    # writes nothing over the split.
+    stored = [cluster.kubectl_json("get", kind, WEBHOOK_CONFIG)["metadata"] for kind in CONFIGURATIONS]
+    register(cluster, webhook, "Fail", name=WEBHOOK_CONFIG)
+    assert [
+        cluster.kubectl_json("get", kind, WEBHOOK_CONFIG)["metadata"] for kind in CONFIGURATIONS
+    ] == stored
 
     # Someone else rewrites the configurations as registered (`kubectl replace`, a GitOps tool): the
     # leader sees it and splits them again, with the native objects unchanged.
@@ -542,12 +555,11 @@ def test_namespaces_in_warn_or_audit_mode_get_every_request_and_the_leader_undoe
         processes=[leader],
     )
     assert versions(owned(cluster)) == objects
-    # `kubectl apply` of the same registration: the replace kept no last-applied configuration, so it
-    # writes the registered selector back over the first entry's; the leader splits it again.
+    # `kubectl apply` after it, which writes its last-applied configuration back: the split stays.
     register(cluster, webhook, "Fail", name=WEBHOOK_CONFIG)
     eventually(
         lambda: registered_webhooks(cluster) == split,
-        what="the configurations narrowed again after kubectl apply",
+        what="the configurations narrowed after kubectl apply",
         timeout=NARROWED_TIMEOUT,
         processes=[leader],
     )

@@ -10,8 +10,8 @@ A policy that does not compile changes nothing: the objects of the last one that
 webhook keeps the last good policy. An object the API server refuses (422) is left as it was; the rest of
 the writes still go.
 
-Then gpuguard's webhook configurations: their match condition of gpuguard's, and the entries a webhook is
-split into where namespaces differ (webhook.policy.nativenarrow), are written only when the native
+Then gpuguard's webhook configurations: their match condition of gpuguard's, and the entries added for
+the namespaces that need every request (webhook.policy.nativenarrow), are written only when the native
 objects are as wanted and have been for SETTLE_SECONDS (the API server's admission plugins take them from
 their own watch), and undone (the configurations as deploy/ shaped them) before any native object is
 written, so the webhooks see every request whenever the native side is changing. A policy that does not
@@ -177,7 +177,7 @@ class NativePolicies:
         return Result()
 
     def _narrow(self, narrowing: nativenarrow.Narrowing, policy: Policy) -> bool:
-        """Each configuration's webhooks split and given their conditions as `narrowing` says, patched at
+        """Each configuration's webhooks given their conditions and entries as `narrowing` says, patched at
         the version read (a conflict is raised, and retried on a fresh read); whether any was patched."""
         patched = False
         if self.configurations is None:
@@ -187,16 +187,9 @@ class NativePolicies:
             if stored is None:
                 self.narrowed.pop(kind, None)
                 continue  # not installed (or an operator deleted it): nothing calls gpuguard through it
-            shape = nativenarrow.shaped(stored, parts)
-            if shape.lost:
-                self.problem = (
-                    f"{kind} {', '.join(shape.lost)}: its namespaceSelector before gpuguard split it is lost"
-                    f" (annotation {nativenarrow.SPLIT_ANNOTATION} removed), so its entries are left"
-                    " un-narrowed: give it deploy/'s namespaceSelector and delete its region-* entries"
-                )
-                log.warning("native admission policies: %s", self.problem)
             operations = nativenarrow.configuration_patch(stored, parts)
-            narrowed = nativenarrow.narrowed(shape.webhooks)
+            wanted = nativenarrow.shaped(stored, parts)
+            narrowed = nativenarrow.narrowed(wanted)
             if operations:
                 try:
                     self.configurations.patch(kind, operations)
@@ -210,7 +203,7 @@ class NativePolicies:
                     "narrowed" if narrowed else "un-narrowed",
                     kind,
                     policy.admission.mode,
-                    len(shape.webhooks),
+                    len(wanted),
                     extra={"fields": {"controller": NAME, "kind": kind, "narrowed": narrowed}},
                 )
             self.narrowed[kind] = narrowed

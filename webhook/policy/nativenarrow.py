@@ -7,27 +7,26 @@ a template naming a class the policy does not list, DRA claims whose device clas
 own warnings (a skipped Job, rules past the limit, no node with a new-enough driver), gangs. In `native`
 the condition is `false`: no webhook is called. In `webhook` it is absent.
 
-A match condition cannot read namespace labels, but a webhook's namespaceSelector can: where the
-namespaces differ in what the webhook must see, a webhook is split into one entry per region of
-namespaces (`Part`), with mutually exclusive selectors. A mutating rule in warn or audit mode (no
-MutatingAdmissionPolicy has them) leaves its region's entry un-narrowed; so do the namespaces no native
-policy binds (native.UNWATCHED_NAMESPACES), where a webhook covers them. The regions are native.regions',
-the ones the bindings cover: a namespace name first, then the first selector that matches, as
-Policy.namespace_override decides, so each request meets exactly one entry of each webhook, and that
-entry sends it to gpuguard wherever the native policies bound to that namespace cannot decide it. Past
-MAX_PARTS regions a split is not made: the webhook stays un-narrowed.
+A match condition cannot read namespace labels, but a webhook's namespaceSelector can. Where the
+namespaces differ in what a webhook must see (`Part`: a region of namespaces and its condition), the
+webhook keeps its own entry, selector and all, with the condition of the narrowed regions, and gets one
+entry more per region that needs every request, `region-<n>.<name>`, selected to that region and sending
+exactly what the first one does not (the condition negated): each request reaches one of them. A mutating
+rule in warn or audit mode (no MutatingAdmissionPolicy has them) makes such a region, and so do the
+namespaces no native policy binds (native.UNWATCHED_NAMESPACES) where a webhook covers them. The regions
+are native.regions', the ones the bindings cover: a namespace name first, then the first selector that
+matches, as Policy.namespace_override decides. Past MAX_PARTS regions no entry is added: the webhook
+stays un-narrowed.
 
-The entries are written into the configurations as they are read, at the resourceVersion read, and touch
-nothing but gpuguard's condition, the split webhook's namespaceSelector and the entries it added
-(`configuration_patch`). The first entry keeps the webhook's own name, the others are `region-<n>.<name>`;
-the selector the webhook had before the split is kept in SPLIT_ANNOTATION, so that un-narrowing restores
-the configuration as deploy/ shaped it. The leader narrows only once the native objects are in force
-(webhook.controllers.nativesync).
+The webhook's own entry is changed in gpuguard's condition alone, a member of a list `kubectl apply`
+merges by name: applying deploy/ again leaves it and the added entries as they are. Everything is
+written into the configurations as they are read, at the resourceVersion read (`configuration_patch`),
+and un-narrowing removes the condition and the added entries: the configuration as deploy/ shaped it.
+The leader narrows only once the native objects are in force (webhook.controllers.nativesync).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,14 +40,10 @@ from webhook.policy.workload import JSON
 
 CONDITION_NAME = "gpuguard.io/admission-mode"
 CONFIGURATION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-# On a configuration whose webhooks are split: each split webhook's namespaceSelector before the split,
-# and the one its first entry got (JSON). The selector found differing from the one written was
-# written by someone else (deploy/ applied again): it is the webhook's own from then on.
-SPLIT_ANNOTATION = "gpuguard.io/split-webhooks"
 # The regions a webhook is split into at most: each entry carries the webhook's match conditions, which
 # the API server compiles and keeps per entry.
 MAX_PARTS = 16
-_ADDED_ENTRY = re.compile(r"region-[0-9]+\.(.+)")
+_ADDED_ENTRY = re.compile(r"region-[0-9]+\..+")
 
 # The resources the compiled policies match (nativemutating, nativevalidating), by API group.
 _MUTATED = {"": ["pods"], **TEMPLATE_RESOURCES}
@@ -155,8 +150,6 @@ def _split(
             f"everything: the namespaces would be {len(found)} regions, more than the {MAX_PARTS} entries"
             " a webhook is split into (" + "; ".join(sorted(set(whole.values()))) + ")"
         ]
-    # The unwatched namespaces last: a webhook's first entry, which keeps its name, holds the
-    # namespaces it was made for.
     parts = [
         Part([*region.requirements, *_WATCHED], None if index in whole else condition)
         for index, region in enumerate(found)
@@ -252,118 +245,65 @@ def _with_condition(webhook: JSON, expression: str | None) -> JSON:
     return shaped
 
 
-def _entries(webhook: JSON, selector: JSON, parts: list[Part]) -> list[JSON]:
-    """The entries `webhook` (its namespaceSelector before any split: `selector`) becomes."""
+def _entries(webhook: JSON, parts: list[Part]) -> list[JSON]:
+    """The entries `webhook` (as deployed, but for gpuguard's condition) becomes: itself, with the
+    narrowed parts' condition, and one entry for each part that needs every request, sending it what
+    that condition does not."""
+    selector = webhook.get("namespaceSelector") or {}
     found = [
         (conjoined, part)
         for part in parts
         if (conjoined := _conjoined(selector, part.requirements)) is not None
     ]
-    if len({part.condition for _, part in found}) <= 1:
-        # One condition wherever it matches: the parts it meets cover its selector, which it keeps.
-        condition = found[0][1].condition if found else None
-        return [_with_condition({**webhook, "namespaceSelector": selector}, condition)]
+    narrowed = {part.condition for _, part in found} - {None}
+    if len(narrowed) != 1 or all(part.condition is not None for _, part in found):
+        # One condition wherever it matches: the parts it meets cover its selector.
+        return [_with_condition(webhook, found[0][1].condition if found else None)]
+    condition = narrowed.pop()
     name = str(webhook["name"])
+    whole = [conjoined for conjoined, part in found if part.condition is None]
     return [
-        _with_condition(
-            {**webhook, "name": f"region-{index}.{name}" if index else name, "namespaceSelector": conjoined},
-            part.condition,
-        )
-        for index, (conjoined, part) in enumerate(found)
+        _with_condition(webhook, condition),
+        *(
+            _with_condition(
+                {**webhook, "name": f"region-{index}.{name}", "namespaceSelector": conjoined},
+                f"!({condition})",
+            )
+            for index, conjoined in enumerate(whole, start=1)
+        ),
     ]
 
 
-def _notes(configuration: Mapping[str, Any]) -> dict[str, Any]:
-    text = ((configuration.get("metadata") or {}).get("annotations") or {}).get(SPLIT_ANNOTATION)
-    try:
-        notes = json.loads(text) if text else {}
-    except json.JSONDecodeError:
-        return {}
-    return notes if isinstance(notes, dict) else {}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A configuration's webhooks as the parts want them, and its SPLIT_ANNOTATION (None: none)."""
-
-    webhooks: list[JSON]
-    annotation: str | None
-    # A split webhook whose selector before the split is lost (its annotation removed by hand): its
-    # entries stay as they are, un-narrowed, since their union is all that is known of it.
-    lost: list[str]
-
-
-def shaped(configuration: Mapping[str, Any], parts: list[Part]) -> Shape:
-    webhooks: list[JSON] = list(configuration.get("webhooks") or [])
-
-    def split_from(webhook: JSON) -> str | None:
-        """The webhook an entry was split from; one whose webhook is gone (deploy/ renamed it) is
-        dropped with it."""
-        added = _ADDED_ENTRY.fullmatch(str(webhook["name"]))
-        return added.group(1) if added else None
-
-    added: dict[str, list[JSON]] = {}
-    for webhook in webhooks:
-        if (base := split_from(webhook)) is not None:
-            added.setdefault(base, []).append(webhook)
-    notes = _notes(configuration)
-    firsts: list[JSON] = []
-    rest: list[JSON] = []
-    kept: dict[str, Any] = {}
-    lost: list[str] = []
-    for webhook in webhooks:
-        if split_from(webhook) is not None:
-            continue
-        name = str(webhook["name"])
-        selector = webhook.get("namespaceSelector") or {}
-        note = notes.get(name)
-        if isinstance(note, dict) and "namespaceSelector" in note:
-            selector = note["namespaceSelector"] if note.get("written") == selector else selector
-        elif name in added:
-            lost.append(name)
-            firsts.append(_with_condition(webhook, None))
-            rest += [_with_condition(entry, None) for entry in added[name]]
-            continue
-        entries = _entries(webhook, selector, parts)
-        firsts.append(entries[0])
-        rest += entries[1:]
-        if len(entries) > 1:
-            kept[name] = {"namespaceSelector": selector, "written": entries[0]["namespaceSelector"]}
-    annotation = json.dumps(kept, sort_keys=True, separators=(",", ":")) if kept else None
-    return Shape([*firsts, *rest], annotation, lost)
+def shaped(configuration: Mapping[str, Any], parts: list[Part]) -> list[JSON]:
+    """`configuration`'s webhooks as `parts` want them: each deployed webhook in its place, the entries
+    added for it after them all (those of a webhook deploy/ renamed or removed go with it)."""
+    deployed = [
+        webhook
+        for webhook in configuration.get("webhooks") or []
+        if not _ADDED_ENTRY.fullmatch(str(webhook["name"]))
+    ]
+    entries = [_entries(webhook, parts) for webhook in deployed]
+    return [own for own, *_ in entries] + [added for _, *more in entries for added in more]
 
 
 def configuration_patch(configuration: Mapping[str, Any], parts: list[Part]) -> list[JSON]:
     """A JSON Patch taking `configuration` to `shaped`, at the resourceVersion read and each webhook's
     name tested; empty when it is so already. Only the entries that differ are written."""
-    shape = shaped(configuration, parts)
+    wanted = shaped(configuration, parts)
     stored: list[JSON] = list(configuration.get("webhooks") or [])
     operations: list[JSON] = []
-    for index, (have, want) in enumerate(zip(stored, shape.webhooks, strict=False)):
+    for index, (have, want) in enumerate(zip(stored, wanted, strict=False)):
         if have != want:
             operations += [
                 {"op": "test", "path": f"/webhooks/{index}/name", "value": have["name"]},
                 {"op": "replace", "path": f"/webhooks/{index}", "value": want},
             ]
-    for index in reversed(range(len(shape.webhooks), len(stored))):
+    for index in reversed(range(len(wanted), len(stored))):
         operations += [
             {"op": "test", "path": f"/webhooks/{index}/name", "value": stored[index]["name"]},
             {"op": "remove", "path": f"/webhooks/{index}"},
         ]
-    operations += [
-        {"op": "add", "path": "/webhooks/-", "value": want} for want in shape.webhooks[len(stored) :]
-    ]
-    annotations = configuration["metadata"].get("annotations")
-    if (annotations or {}).get(SPLIT_ANNOTATION) != shape.annotation:
-        path = "/metadata/annotations/" + SPLIT_ANNOTATION.replace("~", "~0").replace("/", "~1")
-        if shape.annotation is None:
-            operations.append({"op": "remove", "path": path})
-        elif annotations is None:
-            operations.append(
-                {"op": "add", "path": "/metadata/annotations", "value": {SPLIT_ANNOTATION: shape.annotation}}
-            )
-        else:
-            operations.append({"op": "add", "path": path, "value": shape.annotation})
+    operations += [{"op": "add", "path": "/webhooks/-", "value": want} for want in wanted[len(stored) :]]
     if not operations:
         return []
     version = {
