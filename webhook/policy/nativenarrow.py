@@ -58,8 +58,8 @@ _WATCHED = [{"key": NAME_LABEL, "operator": "NotIn", "values": list(UNWATCHED_NA
 
 @dataclass(frozen=True)
 class Part:
-    """Namespaces (label requirements, added to a webhook's own namespaceSelector) and the condition the
-    webhook gets there (None: none, every request it matches is sent)."""
+    """Namespaces (label requirements, which a webhook's own namespaceSelector narrows further) and the
+    condition the webhook gets there (None: none, every request it matches is sent)."""
 
     requirements: list[Requirement]
     condition: str | None
@@ -255,10 +255,12 @@ def _entries(webhook: JSON, parts: list[Part]) -> list[JSON]:
         for part in parts
         if (conjoined := _conjoined(selector, part.requirements)) is not None
     ]
-    narrowed = {part.condition for _, part in found} - {None}
-    if len(narrowed) != 1 or all(part.condition is not None for _, part in found):
-        # One condition wherever it matches: the parts it meets cover its selector.
-        return [_with_condition(webhook, found[0][1].condition if found else None)]
+    conditions = {part.condition for _, part in found}
+    if len(conditions) == 1:  # one condition wherever it matches: the parts it meets cover its selector
+        return [_with_condition(webhook, conditions.pop())]
+    narrowed = conditions - {None}
+    if len(narrowed) != 1:  # no part at all, or narrowed two ways (never made here): every request
+        return [_with_condition(webhook, None)]
     condition = narrowed.pop()
     name = str(webhook["name"])
     whole = [conjoined for conjoined, part in found if part.condition is None]
