@@ -393,6 +393,12 @@ def without_policy_hash(stored: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
+def mutate_requests(webhook: WebhookProcess) -> float:
+    """How many AdmissionReviews gpuguard has answered on /mutate."""
+    samples = metric_samples(webhook.metrics(), "gpuguard_admission_requests_total")
+    return sum(value for labels, value in samples if labels.get("endpoint") == "mutate")
+
+
 def answered(
     webhook: WebhookProcess, plane: ControlPlane, obj: dict[str, Any]
 ) -> tuple[Any, list[str], bool]:
@@ -532,8 +538,11 @@ def test_namespaces_in_warn_or_audit_mode_get_every_request_and_the_leader_undoe
         f"region-{i}.{registered[0][0]['name']}" for i in range(1, len(mutating))
     ]
     for namespace, reaches in ((warned, True), (audited, True), (enforced, False)):
+        mutations = mutate_requests(webhook)
         outcome, warnings, seen = answered(webhook, cluster, gpu_pod("plain", namespace))
         assert seen == reaches, namespace
+        # Through one entry of the mutating webhook, never both: the added one sends what the other does not.
+        assert mutate_requests(webhook) - mutations == (1 if reaches else 0), namespace
         assert (outcome, warnings) == by_webhook[namespace][:2], namespace
 
     # `kubectl apply` of the registration, unchanged: its last-applied configuration is the same, so it
