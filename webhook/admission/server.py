@@ -52,6 +52,47 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing; the reason is in GuardedProtocol._refusal."""
 
 
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class _OneWriteResponse:
+    """The transport as one response writes to it: its head (status line and headers) is held until the
+    next write, so that the head and the body leave together. uvicorn writes them apart, and each write
+    is a TLS record, a system call and a TCP segment of its own: one of each more per answer than needed.
+
+    Made only for a request that is not HEAD: every other response writes its body, even an empty one,
+    after its head. A "100 Continue" goes out at once (the client waits for it before sending the body),
+    and closing writes a head still held first.
+    """
+
+    __slots__ = ("_head", "_started", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head = b""
+        self._started = False
+
+    def write(self, data: bytes) -> None:
+        if self._started:
+            if self._head:
+                data, self._head = self._head + data, b""
+            self._transport.write(data)
+        elif data == _CONTINUE:
+            self._transport.write(data)
+        else:
+            self._started = True
+            self._head = data
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._head:
+            self._transport.write(self._head)
+            self._head = b""
+        self._transport.close()
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with header deadlines and bounds, a connection cap and a drain."""
 
@@ -124,8 +165,13 @@ class GuardedProtocol(HttpToolsProtocol):
         self._headers_since = None
         self._reading_headers = False
         self._header_bytes = 0
+        previous = self.cycle
         super().on_headers_complete()
-        if self.draining and self.cycle is not None:
+        if self.cycle is previous:  # no request cycle was made (an upgrade)
+            return
+        if self.scope["method"] != "HEAD":
+            self.cycle.transport = _OneWriteResponse(self.transport)  # type: ignore[assignment]
+        if self.draining:
             self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
