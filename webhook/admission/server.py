@@ -19,6 +19,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -40,12 +41,25 @@ MAX_HEADERS = 100
 MAX_CONNECTIONS = 256
 # Decrypted bytes asyncio may buffer for a connection whose reading is paused (its default: 256 KiB).
 TLS_READ_BUFFER_BYTES = 64 * 1024
+# The most one read of a TLS connection asks for: what a TLS record holds at most. uvloop asks for 256 KiB
+# every time and shrinks the buffer to what came: above the 128 KiB `gpuguard serve` has glibc map on their
+# own (webhook.processes.serve), each request paid an mmap, an mremap, a munmap and four page faults. (Reads
+# of 64 KiB, made on the heap, left it fragmented: 38 MiB more after test_server_bounds' slow bodies.)
+TLS_READ_BYTES = 16 * 1024
 # After SIGTERM: how long open connections are still answered (with Connection: close) before the
 # server stops reading them; then requests in flight get GRACEFUL_SHUTDOWN_SECONDS to finish.
 DRAIN_SECONDS = 10.0
 GRACEFUL_SHUTDOWN_SECONDS = 30
 
 log = logging.getLogger("gpuguard.server")
+
+
+class BoundedReadSSLObject(ssl.SSLObject):
+    """The TLS connection object of the listener's context: reads ask for TLS_READ_BYTES at most."""
+
+    # SSLObject's own parameter names; Any, as it answers a count when it reads into `buffer`.
+    def read(self, len: int = 1024, buffer: Any = None) -> Any:
+        return super().read(min(len, TLS_READ_BYTES), buffer)
 
 
 class _Refused(Exception):
@@ -238,6 +252,15 @@ class GuardedProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False
 
 
+class _Config(uvicorn.Config):
+    """uvicorn's settings, whose TLS context makes its connections with BoundedReadSSLObject."""
+
+    def load(self) -> None:
+        super().load()
+        if self.ssl is not None:
+            self.ssl.sslobject_class = BoundedReadSSLObject
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, whose shutdown first drains open connections (GuardedProtocol.drain)."""
 
@@ -266,7 +289,7 @@ def https_server(
 ) -> uvicorn.Server:
     """`adopt_context` receives the listener's SSLContext before it opens, for a caller that switches
     the certificate it presents while serving."""
-    config = uvicorn.Config(
+    config = _Config(
         app,
         host=host,
         port=port,
