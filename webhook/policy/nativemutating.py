@@ -3,6 +3,7 @@ JSON Patch with the marks the webhook writes (`gpuguard.io/rules`, the policy ha
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from webhook.policy.engine import POLICY_ANNOTATION, RULES_ANNOTATION
@@ -105,9 +106,14 @@ def mutating_policy(
     pods: bool = True,
     conditions: Sequence[JSON] = (),
 ) -> JSON:
-    """The MAP of one rule: its variables end in `edits`, applied with the marks when there are any."""
+    """The MAP of one rule: its variables end in `edits`, applied with the marks. It matches only what it
+    changes: the API server encodes, patches, decodes and defaults the object for every mutation it
+    runs, even one that patches nothing, and then runs every mutating plugin again; a rule with nothing
+    left to do is kept out by its match conditions instead, in the reinvocation too."""
     groups = {"": ["pods"], **TEMPLATE_RESOURCES} if pods else {"batch": TEMPLATE_RESOURCES["batch"]}
-    changes = {"name": "changes", "expression": _with_marks("variables.edits", rule, policy)}
+    data = [{"name": v["name"], "expression": _as_data(v["expression"])} for v in variables]
+    changes = {"name": "changes", "expression": _as_data(f"variables.edits + {_marks(rule, policy)}")}
+    workload = f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})"
     return {
         "apiVersion": API_VERSION,
         "kind": "MutatingAdmissionPolicy",
@@ -119,18 +125,38 @@ def mutating_policy(
             # and needed when that mutation adds what a rule looks at.
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {"resourceRules": resource_rules(groups, ["CREATE"])},
-            "matchConditions": [*_mutation_conditions(policy, cel, pods=pods), *conditions],
-            "variables": [
-                {"name": v["name"], "expression": _as_data(v["expression"])} for v in [*variables, changes]
+            "matchConditions": [
+                *_mutation_conditions(policy, pods=pods),
+                *conditions,
+                # The API server evaluates every match condition, whatever the others said: the costly
+                # tests are one condition, the accelerator test first so that && spares the edits.
+                {
+                    "name": "changes-an-accelerator-workload",
+                    "expression": f"{workload} && {_bound(data, 'size(variables.edits) > 0')}",
+                },
             ],
+            "variables": [*data, changes],
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _AS_PATCHES}}],
         },
     }
 
 
-def _mutation_conditions(policy: Policy, cel: Cel, pods: bool) -> list[JSON]:
+_BOUND = "bound_"  # a variable's name in a match condition, where `variables` is undeclared
+
+
+def _bound(variables: list[JSON], expression: str) -> str:
+    """`expression` with the variables it reads bound in turn, for a match condition (which sees no
+    `variables`): a one-element comprehension evaluates each once, as the API server evaluates a
+    variable, where writing each out wherever it is read would evaluate it again every time."""
+    for variable in reversed(variables):
+        expression = f"[{variable['expression']}].all({_BOUND}{variable['name']}, {expression})"
+    return re.sub(r"\bvariables\.(\w+)", rf"{_BOUND}\1", expression)
+
+
+def _mutation_conditions(policy: Policy, pods: bool) -> list[JSON]:
     """engine._mutation_skip_reason: DaemonSet, Job and mirror pods pass by, and objects made from the
-    template of a kind gpuguard mutates whole; only accelerator workloads."""
+    template of a kind gpuguard mutates whole (only accelerator workloads: mutating_policy's last
+    condition)."""
     conditions = []
     if pods:
         conditions.append(
@@ -149,14 +175,7 @@ def _mutation_conditions(policy: Policy, cel: Cel, pods: bool) -> list[JSON]:
             "expression": f"request.kind.kind == 'Pod' || !{controlled_by('object', owners)}",
         }
     )
-    conditions.append(
-        {"name": "accelerator-workload", "expression": f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})"}
-    )
     return conditions
-
-
-def _with_marks(changes: str, rule: RuleId, policy: Policy) -> str:
-    return f"size({changes}) > 0 ? {changes} + {_marks(rule, policy)} : []"
 
 
 def _tolerates(toleration: str, key: str) -> str:

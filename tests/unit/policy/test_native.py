@@ -221,3 +221,22 @@ def test_objects_made_from_a_group_template_are_left_to_their_owner() -> None:
             c for c in obj["spec"]["matchConditions"] if c["name"] == "not-made-from-a-group-template"
         ]
         assert all(f'"{owner}"' in condition["expression"] for owner in owners)
+
+
+@pytest.mark.parametrize("text", [SELECTORS_POLICY, "", "admission: {mode: hybrid}"])
+def test_match_conditions_read_no_variables(text: str) -> None:
+    """The API server refuses `variables` in a match condition; a MAP's conditions bind what they read."""
+    for obj in compile_policy(parse_policy(text)).objects:
+        for condition in obj["spec"].get("matchConditions", []):
+            assert "variables." not in condition["expression"], (obj["metadata"]["name"], condition["name"])
+
+
+def test_a_mutating_policy_matches_only_accelerator_workloads_it_changes() -> None:
+    """Each mutation the API server runs costs it an encode, a patch, a decode and a reinvocation, even an
+    empty one: a MAP's last condition holds back what its rule leaves as it is."""
+    maps = [o for o in compile_policy(default_policy()).objects if o["kind"] == "MutatingAdmissionPolicy"]
+    assert maps
+    for obj in maps:
+        condition = obj["spec"]["matchConditions"][-1]
+        assert condition["name"] == "changes-an-accelerator-workload"
+        assert "all(bound_edits, size(bound_edits) > 0)" in condition["expression"]
