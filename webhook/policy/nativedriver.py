@@ -179,13 +179,20 @@ def driver_compatibility_check(policy: Policy, cel: Cel) -> JSON:
     return validating_policy(
         policy_name("driverCompatibility"),
         {"": ["pods"], **TEMPLATE_RESOURCES},
+        # One condition, its cheapest test first (most workloads state no minimum): the API server
+        # evaluates every match condition whatever the others answered.
         [
-            NOT_AN_EXEMPT_POD,
             {
-                "name": "accelerator-workload",
-                "expression": f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",
-            },
-            *now.could_state(),
+                "name": "an-accelerator-workload-that-may-state-a-minimum",
+                "expression": " && ".join(
+                    f"({test})"
+                    for test in [
+                        *(condition["expression"] for condition in now.could_state()),
+                        NOT_AN_EXEMPT_POD["expression"],
+                        f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",
+                    ]
+                ),
+            }
         ],
         [
             {"name": "minima", "expression": now.minima},

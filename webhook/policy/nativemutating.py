@@ -109,11 +109,19 @@ def mutating_policy(
     """The MAP of one rule: its variables end in `edits`, applied with the marks. It matches only what it
     changes: the API server encodes, patches, decodes and defaults the object for every mutation it
     runs, even one that patches nothing, and then runs every mutating plugin again; a rule with nothing
-    left to do is kept out by its match conditions instead, in the reinvocation too."""
+    left to do is kept out by its match condition instead, in the reinvocation too. `conditions` are the
+    rule's own, tested before the accelerator test."""
     groups = {"": ["pods"], **TEMPLATE_RESOURCES} if pods else {"batch": TEMPLATE_RESOURCES["batch"]}
     data = [{"name": v["name"], "expression": _as_data(v["expression"])} for v in variables]
     changes = {"name": "changes", "expression": _as_data(f"variables.edits + {_marks(rule, policy)}")}
-    workload = f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})"
+    # The API server evaluates every match condition whatever the others answered: one condition, its
+    # tests in order of cost, lets && skip the rest once one fails.
+    tests = [
+        *_not_skipped(policy, pods),
+        *(condition["expression"] for condition in conditions),
+        f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",
+        _bound(data, "size(variables.edits) > 0"),
+    ]
     return {
         "apiVersion": API_VERSION,
         "kind": "MutatingAdmissionPolicy",
@@ -126,14 +134,7 @@ def mutating_policy(
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {"resourceRules": resource_rules(groups, ["CREATE"])},
             "matchConditions": [
-                *_mutation_conditions(policy, pods=pods),
-                *conditions,
-                # The API server evaluates every match condition, whatever the others said: the costly
-                # tests are one condition, the accelerator test first so that && spares the edits.
-                {
-                    "name": "changes-an-accelerator-workload",
-                    "expression": f"{workload} && {_bound(data, 'size(variables.edits) > 0')}",
-                },
+                {"name": CHANGES_AN_ACCELERATOR_WORKLOAD, "expression": " && ".join(f"({t})" for t in tests)}
             ],
             "variables": [*data, changes],
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _AS_PATCHES}}],
@@ -141,6 +142,7 @@ def mutating_policy(
     }
 
 
+CHANGES_AN_ACCELERATOR_WORKLOAD = "changes-an-accelerator-workload"
 _BOUND = "bound_"  # a variable's name in a match condition, where `variables` is undeclared
 
 
@@ -153,29 +155,19 @@ def _bound(variables: list[JSON], expression: str) -> str:
     return re.sub(r"\bvariables\.(\w+)", rf"{_BOUND}\1", expression)
 
 
-def _mutation_conditions(policy: Policy, pods: bool) -> list[JSON]:
+def _not_skipped(policy: Policy, pods: bool) -> list[str]:
     """engine._mutation_skip_reason: DaemonSet, Job and mirror pods pass by, and objects made from the
-    template of a kind gpuguard mutates whole (only accelerator workloads: mutating_policy's last
-    condition)."""
-    conditions = []
+    template of a kind gpuguard mutates whole."""
+    tests = []
     if pods:
-        conditions.append(
-            {
-                "name": "not-daemonset-job-or-mirror-pod",
-                "expression": f"request.kind.kind != 'Pod' || !({controlled_by('object', ['DaemonSet', 'Job'])}"
-                f" || {mirror('object')})",
-            }
+        tests.append(
+            f"request.kind.kind != 'Pod' || !({controlled_by('object', ['DaemonSet', 'Job'])} || {mirror('object')})"
         )
     # A JobSet's Jobs, a LeaderWorkerSet's StatefulSets: made from templates mutated with their owner
     # (kinds.Registry.owns_templates_of; the webhook alone handles those owners' kinds).
     owners = [kind.kind for kind in policy.workload_kinds.kinds if not kind.core]
-    conditions.append(
-        {
-            "name": "not-made-from-a-group-template",
-            "expression": f"request.kind.kind == 'Pod' || !{controlled_by('object', owners)}",
-        }
-    )
-    return conditions
+    tests.append(f"request.kind.kind == 'Pod' || !{controlled_by('object', owners)}")
+    return tests
 
 
 def _tolerates(toleration: str, key: str) -> str:
