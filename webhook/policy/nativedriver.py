@@ -9,6 +9,7 @@ from webhook.policy.nativecel import (
     SPEC_PATH,
     TEMPLATE_RESOURCES,
     Cel,
+    all_of,
     cel_map,
     field_or,
     glob_regex,
@@ -179,14 +180,12 @@ def driver_compatibility_check(policy: Policy, cel: Cel) -> JSON:
     return validating_policy(
         policy_name("driverCompatibility"),
         {"": ["pods"], **TEMPLATE_RESOURCES},
-        # One condition, its cheapest test first (most workloads state no minimum): the API server
-        # evaluates every match condition whatever the others answered.
+        # Most workloads state no minimum: that test first.
         [
             {
                 "name": "an-accelerator-workload-that-may-state-a-minimum",
-                "expression": " && ".join(
-                    f"({test})"
-                    for test in [
+                "expression": all_of(
+                    [
                         *(condition["expression"] for condition in now.could_state()),
                         NOT_AN_EXEMPT_POD["expression"],
                         f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",

@@ -19,6 +19,7 @@ from webhook.policy.nativecel import (
     SPEC_PATH,
     TEMPLATE_RESOURCES,
     Cel,
+    all_of,
     cel_map,
     controlled_by,
     field_or,
@@ -114,8 +115,6 @@ def mutating_policy(
     groups = {"": ["pods"], **TEMPLATE_RESOURCES} if pods else {"batch": TEMPLATE_RESOURCES["batch"]}
     data = [{"name": v["name"], "expression": _as_data(v["expression"])} for v in variables]
     changes = {"name": "changes", "expression": _as_data(f"variables.edits + {_marks(rule, policy)}")}
-    # The API server evaluates every match condition whatever the others answered: one condition, its
-    # tests in order of cost, lets && skip the rest once one fails.
     tests = [
         *_not_skipped(policy, pods),
         *(condition["expression"] for condition in conditions),
@@ -133,9 +132,7 @@ def mutating_policy(
             # and needed when that mutation adds what a rule looks at.
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {"resourceRules": resource_rules(groups, ["CREATE"])},
-            "matchConditions": [
-                {"name": CHANGES_AN_ACCELERATOR_WORKLOAD, "expression": " && ".join(f"({t})" for t in tests)}
-            ],
+            "matchConditions": [{"name": CHANGES_AN_ACCELERATOR_WORKLOAD, "expression": all_of(tests)}],
             "variables": [*data, changes],
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _AS_PATCHES}}],
         },
