@@ -93,6 +93,7 @@ KYVERNO_LABEL = "bench.gpuguard.io/kyverno"
 NO_OP_LABEL = "bench.gpuguard.io/no-op"
 NATIVE_LABEL = "bench.gpuguard.io/native"
 HYBRID_LABEL = "bench.gpuguard.io/hybrid"
+NATIVE_PREFIX = "bench-native-"  # (n)'s compiled objects, beside (c)'s hand-written MAP of the same name
 HYBRID_PREFIX = "bench-hybrid-"  # (h)'s compiled objects and configurations, beside (n)'s and (b)'s
 # deploy/'s webhooks that scenario (e) copies, and the names of the copies.
 NO_OP_MIRRORS = {
@@ -416,10 +417,14 @@ def install_map(plane: ControlPlane) -> Extension:
 
 
 def install_native(plane: ControlPlane) -> Extension:
-    """`gpuguard policy compile` of the default policy, every binding narrowed to the bench's namespace."""
+    """`gpuguard policy compile` of the default policy, every binding narrowed to the bench's namespace. Each
+    object renamed: the compiled readiness MAP has bench/map/'s name, and applied as it is would replace
+    the hand-written MAP of (c) with itself."""
     objects = compile_policy(default_policy()).objects
     for obj in objects:
+        obj["metadata"]["name"] = NATIVE_PREFIX + obj["metadata"]["name"]
         if obj["kind"].endswith("Binding"):
+            obj["spec"]["policyName"] = NATIVE_PREFIX + obj["spec"]["policyName"]
             obj["spec"]["matchResources"]["namespaceSelector"] = {"matchLabels": {NATIVE_LABEL: "true"}}
     plane.kubectl(
         "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
