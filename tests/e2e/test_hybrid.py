@@ -5,7 +5,9 @@ changed and deletes what is no longer wanted, a refused policy keeps them, switc
 deletes gpuguard's own and nothing else, and a replica that does not hold the Lease writes nothing.
 With gpuguard's webhook registered too: in hybrid its webhooks are narrowed to what the native policies
 cannot decide (a plain GPU pod never reaches it, a pod naming a node or holding a DRA claim does, and the
-native policies stand aside for the claim), in native to nothing.
+native policies stand aside for the claim), in native to nothing; a namespace whose mutating rules are in
+warn or audit mode (by name or by label) gets an entry of its own that sends it every request, and the
+leader narrows the configurations again when someone else rewrites them.
 
 A control plane of its own: the objects bind every namespace, and would act on the suite's other tests.
 """
@@ -30,12 +32,14 @@ from tests.harness.admission import (
     dry_run,
     gpu_pod,
     install_priority_classes,
+    kubectl_warnings,
     metric_samples,
     policy_hash,
     register,
     submit,
     unregister,
     wait_until_called,
+    webhook_configurations,
 )
 from tests.harness.controllers import (
     NAMESPACE,
@@ -353,17 +357,34 @@ def webhook_requests(webhook: WebhookProcess) -> float:
     return sum(value for _, value in metric_samples(webhook.metrics(), "gpuguard_admission_requests_total"))
 
 
-def narrowing_conditions(plane: ControlPlane) -> list[str | None]:
-    """gpuguard's own match condition in each webhook of both configurations (None: it has none)."""
+CONFIGURATIONS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+
+
+def registered_webhooks(plane: ControlPlane) -> list[list[dict[str, Any]]]:
+    """The webhooks of both configurations, as stored."""
+    return [plane.kubectl_json("get", kind, WEBHOOK_CONFIG)["webhooks"] for kind in CONFIGURATIONS]
+
+
+def narrowing_conditions(plane: ControlPlane) -> list[list[str | None]]:
+    """gpuguard's own match condition in each webhook of each configuration (None: it has none)."""
     return [
-        next((c["expression"] for c in w.get("matchConditions", []) if c["name"] == CONDITION_NAME), None)
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
-        for w in plane.kubectl_json("get", kind, WEBHOOK_CONFIG)["webhooks"]
+        [
+            next((c["expression"] for c in w.get("matchConditions", []) if c["name"] == CONDITION_NAME), None)
+            for w in webhooks
+        ]
+        for webhooks in registered_webhooks(plane)
     ]
 
 
 def narrowed(plane: ControlPlane) -> bool:
-    return all(c not in (None, "false") for c in narrowing_conditions(plane))
+    """Narrowed where the native policies bind: the session's webhooks leave out kube-system alone, so
+    each gets an entry more for gpuguard's namespace and kube-node-lease, sending what it does not."""
+    return all(
+        len(conditions) == 2
+        and conditions[0] not in (None, "false")
+        and conditions[1] == f"!({conditions[0]})"
+        for conditions in narrowing_conditions(plane)
+    )
 
 
 def without_policy_hash(stored: dict[str, Any]) -> dict[str, Any]:
@@ -372,12 +393,27 @@ def without_policy_hash(stored: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-def admitted_by(webhook: WebhookProcess, plane: ControlPlane, obj: dict[str, Any]) -> tuple[Any, bool]:
-    """`obj` dry-run: the outcome (stored object, or the denial's text) and whether gpuguard saw it."""
+def mutate_requests(webhook: WebhookProcess) -> float:
+    """How many AdmissionReviews gpuguard has answered on /mutate."""
+    samples = metric_samples(webhook.metrics(), "gpuguard_admission_requests_total")
+    return sum(value for labels, value in samples if labels.get("endpoint") == "mutate")
+
+
+def answered(
+    webhook: WebhookProcess, plane: ControlPlane, obj: dict[str, Any]
+) -> tuple[Any, list[str], bool]:
+    """`obj` dry-run: the outcome (stored object, or the denial's text), the warnings and whether
+    gpuguard saw it."""
     before = webhook_requests(webhook)
     result = dry_run(plane, obj)
     outcome = without_policy_hash(stored_object(result)) if result.returncode == 0 else result.stderr.strip()
-    return outcome, webhook_requests(webhook) > before
+    return outcome, kubectl_warnings(result), webhook_requests(webhook) > before
+
+
+def admitted_by(webhook: WebhookProcess, plane: ControlPlane, obj: dict[str, Any]) -> tuple[Any, bool]:
+    """`obj` dry-run: the outcome and whether gpuguard saw it."""
+    outcome, _, seen = answered(webhook, plane, obj)
+    return outcome, seen
 
 
 def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
@@ -411,7 +447,7 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     assert seen and f"nodeName {GPU_NODE}" in denied, denied
     nic_by_webhook, seen = admitted_by(webhook, cluster, with_nic)
     assert seen and isinstance(nic_by_webhook, dict) and "annotations" not in nic_by_webhook["metadata"]
-    assert narrowing_conditions(cluster) == [None, None]
+    assert narrowing_conditions(cluster) == [[None], [None]]
 
     # hybrid: narrowed once the native objects are in force; the plain GPU pod is the MAPs' alone and
     # stored as the webhook stores it; the pod naming a node still reaches gpuguard, denied as before.
@@ -434,7 +470,7 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     # native: no webhook is called at all, and a pod naming a node is what native mode loses.
     set_both_policies(cluster, webhook, NATIVE)
     eventually(
-        lambda: narrowing_conditions(cluster) == ["false", "false"],
+        lambda: narrowing_conditions(cluster) == [["false"], ["false"]],
         what="the webhooks narrowed to nothing",
         timeout=NARROWED_TIMEOUT,
         processes=[leader],
@@ -449,5 +485,107 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
     # Back to webhook: the webhooks un-narrowed, then gpuguard's own objects deleted.
     set_both_policies(cluster, webhook, BASE)
     eventually(lambda: owned(cluster) == {}, what="the owned objects deleted", processes=[leader])
-    assert narrowing_conditions(cluster) == [None, None]
+    assert narrowing_conditions(cluster) == [[None], [None]]
     assert admitted_by(webhook, cluster, on_gpu_node) == (denied, True)
+
+
+TIER_LABEL = "hybrid.gpuguard.io/tier"
+
+
+def test_namespaces_in_warn_or_audit_mode_get_every_request_and_the_leader_undoes_a_rewrite(
+    cluster: ControlPlane, start: Start, webhook: WebhookProcess
+) -> None:
+    leader = start()
+    warned = create_namespace(cluster, "warned")
+    audited = create_namespace(cluster, "audited", {TIER_LABEL: "audit"})
+    enforced = create_namespace(cluster, "enforced")
+    # A mutating rule in warn mode by name, every rule in audit mode by label: no MAP can do either.
+    regions = {
+        "namespaces": [
+            {"names": [warned], "rules": {"gracefulTermination": "warn"}},
+            {"selector": {"matchLabels": {TIER_LABEL: "audit"}}, "mode": "audit"},
+        ]
+    }
+    registered = registered_webhooks(cluster)
+    set_both_policies(cluster, webhook, {**BASE, **regions})
+    eventually(
+        lambda: leader.metric(series.RECONCILES, controller=NAME, result="success") >= 1,
+        what="the native policies reconciled in webhook mode",
+        processes=[leader],
+    )
+    by_webhook = {ns: answered(webhook, cluster, gpu_pod("plain", ns)) for ns in (warned, audited, enforced)}
+    assert all(seen for _, _, seen in by_webhook.values())
+    assert by_webhook[warned][1], "the warn namespace's pod got no warning"
+    assert by_webhook[audited][0] != by_webhook[enforced][0], "the audit namespace's pod was mutated"
+
+    # hybrid: the mutating webhook narrowed, its selector as registered, with an entry more for each of
+    # the warn and audit namespaces (and gpuguard's own) sending them what it does not; the validating
+    # one as before. The pods of the warn and audit namespaces reach gpuguard and come out as they did,
+    # warnings included; the enforce namespace's is the MAPs' alone and comes out as it did too.
+    set_both_policies(cluster, webhook, {**HYBRID, **regions})
+    eventually(
+        lambda: len(narrowing_conditions(cluster)[0]) > 2 and narrowing_conditions(cluster)[1][0] is not None,
+        what="the mutating webhook split",
+        timeout=NARROWED_TIMEOUT,
+        processes=[leader],
+    )
+    split = registered_webhooks(cluster)
+    mutating = split[0]
+    assert {k: v for k, v in mutating[0].items() if k != "matchConditions"} == {
+        k: v for k, v in registered[0][0].items() if k != "matchConditions"
+    }
+    assert [w["name"] for w in mutating[1:]] == [
+        f"region-{i}.{registered[0][0]['name']}" for i in range(1, len(mutating))
+    ]
+    for namespace, reaches in ((warned, True), (audited, True), (enforced, False)):
+        mutations = mutate_requests(webhook)
+        outcome, warnings, seen = answered(webhook, cluster, gpu_pod("plain", namespace))
+        assert seen == reaches, namespace
+        # Through one entry of the mutating webhook, never both: the added one sends what the other does not.
+        assert mutate_requests(webhook) - mutations == (1 if reaches else 0), namespace
+        assert (outcome, warnings) == by_webhook[namespace][:2], namespace
+
+    # `kubectl apply` of the registration, unchanged: its last-applied configuration is the same, so it
+    # writes nothing over the split.
+    stored = [cluster.kubectl_json("get", kind, WEBHOOK_CONFIG)["metadata"] for kind in CONFIGURATIONS]
+    register(cluster, webhook, "Fail", name=WEBHOOK_CONFIG)
+    assert [
+        cluster.kubectl_json("get", kind, WEBHOOK_CONFIG)["metadata"] for kind in CONFIGURATIONS
+    ] == stored
+
+    # Someone else rewrites the configurations as registered (`kubectl replace`, a GitOps tool): the
+    # leader sees it and splits them again, with the native objects unchanged.
+    objects = versions(owned(cluster))
+    submit(cluster, "replace", webhook_configurations(webhook, "Fail", name=WEBHOOK_CONFIG))
+    eventually(
+        lambda: registered_webhooks(cluster) == split,
+        what="the configurations narrowed again",
+        timeout=NARROWED_TIMEOUT,
+        processes=[leader],
+    )
+    assert versions(owned(cluster)) == objects
+    # `kubectl apply` after it, which writes its last-applied configuration back: the split stays.
+    register(cluster, webhook, "Fail", name=WEBHOOK_CONFIG)
+    eventually(
+        lambda: registered_webhooks(cluster) == split,
+        what="the configurations narrowed after kubectl apply",
+        timeout=NARROWED_TIMEOUT,
+        processes=[leader],
+    )
+    # An event that changes nothing of the split is answered by no write: the leader never fights.
+    reconciles = leader.metric(series.RECONCILES, controller=NAME, result="success")
+    cluster.kubectl("label", "mutatingwebhookconfiguration", WEBHOOK_CONFIG, "hybrid.gpuguard.io/seen=yes")
+    labelled = cluster.kubectl_json("get", "mutatingwebhookconfiguration", WEBHOOK_CONFIG)["metadata"]
+    eventually(
+        lambda: leader.metric(series.RECONCILES, controller=NAME, result="success") > reconciles,
+        what="the leader reconciling on the label",
+        processes=[leader],
+    )
+    assert registered_webhooks(cluster) == split
+    again = cluster.kubectl_json("get", "mutatingwebhookconfiguration", WEBHOOK_CONFIG)["metadata"]
+    assert again["resourceVersion"] == labelled["resourceVersion"]
+
+    # Back to webhook: the configurations are as registered again, entries and selectors.
+    set_both_policies(cluster, webhook, {**BASE, **regions})
+    eventually(lambda: owned(cluster) == {}, what="the owned objects deleted", processes=[leader])
+    assert registered_webhooks(cluster) == registered

@@ -10,11 +10,14 @@ A policy that does not compile changes nothing: the objects of the last one that
 webhook keeps the last good policy. An object the API server refuses (422) is left as it was; the rest of
 the writes still go.
 
-Then gpuguard's webhook configurations: their one match condition of gpuguard's (webhook.policy.nativenarrow)
-is written only when the native objects are as wanted and have been for SETTLE_SECONDS (the API server's
-admission plugins take them from their own watch), and removed before any native object is written, so
-the webhooks see every request whenever the native side is changing. A policy that does not compile, or
-`webhook` mode, leaves the webhooks un-narrowed.
+Then gpuguard's webhook configurations: their match condition of gpuguard's, and the entries added for
+the namespaces that need every request (webhook.policy.nativenarrow), are written only when the native
+objects are as wanted and have been for SETTLE_SECONDS (the API server's admission plugins take them from
+their own watch), and undone (the configurations as deploy/ shaped them) before any native object is
+written, so the webhooks see every request whenever the native side is changing. A policy that does not
+compile, or `webhook` mode, leaves the webhooks un-narrowed. The configurations are watched too: a change
+by anyone else wakes the key, which reads them afresh and writes only what differs (a conflict is read
+again, never forced).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class NativePolicies:
         stop: threading.Event,
         compile: Callable[[Policy], Compiled] = compile_policy,
         configurations: WebhookConfigurationWrites | None = None,
+        watched: Sequence[Informer[str]] = (),
         settle_seconds: float = SETTLE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -94,13 +98,18 @@ class NativePolicies:
         # it cannot know they are in force before the API server's admission plugins have had the settle
         # time to load them from their own watch.
         self.changed_at = clock()
-        # The condition each configuration's webhooks carry, as last written or read (for /policy).
-        self.narrowed: dict[str, str | None] = {}
+        # Whether some webhook of each configuration carries gpuguard's condition, as last written or
+        # read (for /policy).
+        self.narrowed: dict[str, bool] = {}
         # Why the objects are not what the policy wants, when retrying cannot help (shown by /policy).
         self.problem: str | None = None
         self.controller: Controller[str] = Controller(NAME, self.reconcile, stop=stop, observe=self._observed)
         for informer in owned:
             informer.on_change(self.owned_changed)
+        # The webhook configurations themselves: a change by anyone else (deploy/ applied again, an edit)
+        # is undone on the next reconcile, which reads them afresh and writes only what differs.
+        for watch in watched:
+            watch.on_change(lambda change: self.controller.enqueue(KEY))
 
     def _observed(self, outcome: str, seconds: float) -> None:
         self.registry.inc(series.RECONCILES, NAME, outcome)
@@ -127,7 +136,7 @@ class NativePolicies:
         except Exception as exc:  # whatever compiling raised: the objects in place stay
             self.problem = f"policy {policy.hash} does not compile (the last good objects stay): {exc}"
             log.warning("native admission policies: %s", self.problem)
-            self._narrow(nativenarrow.Narrowing(dict.fromkeys(nativenarrow.CONFIGURATION_KINDS)), policy)
+            self._narrow(nativenarrow.UNNARROWED, policy)
             return Result()
         unserved = [informer.name for informer in self.owned if not informer.served]
         if want and unserved:
@@ -143,7 +152,7 @@ class NativePolicies:
         # The native side changes: the webhooks see everything until it is in force again. Widening is
         # seen by the API server through another watch than the native objects: the objects change only
         # once the widened webhooks have had the settle time, or a request could reach neither.
-        if self._narrow(nativenarrow.Narrowing(dict.fromkeys(nativenarrow.CONFIGURATION_KINDS)), policy):
+        if self._narrow(nativenarrow.UNNARROWED, policy):
             return Result(requeue_after=self.settle_seconds)
         refused: list[str] = []
         for write in writes:
@@ -161,40 +170,43 @@ class NativePolicies:
     def _narrow_when_settled(self, policy: Policy) -> Result:
         narrowing = nativenarrow.narrowing(policy)
         waited = self.clock() - self.changed_at
-        if any(c is not None for c in narrowing.conditions.values()) and waited < self.settle_seconds:
+        if narrowing.narrows() and waited < self.settle_seconds:
             return Result(requeue_after=self.settle_seconds - waited)
-        self._narrow(narrowing, policy)
         self.problem = None
+        self._narrow(narrowing, policy)
         return Result()
 
     def _narrow(self, narrowing: nativenarrow.Narrowing, policy: Policy) -> bool:
-        """Each configuration's webhooks given `narrowing`'s condition, patched at the version read;
-        whether any was patched."""
+        """Each configuration's webhooks given their conditions and entries as `narrowing` says, patched at
+        the version read (a conflict is raised, and retried on a fresh read); whether any was patched."""
         patched = False
         if self.configurations is None:
             return patched
-        for kind, condition in narrowing.conditions.items():
+        for kind, parts in narrowing.parts.items():
             stored = self.configurations.read(kind)
             if stored is None:
                 self.narrowed.pop(kind, None)
                 continue  # not installed (or an operator deleted it): nothing calls gpuguard through it
-            operations = nativenarrow.condition_patch(stored, condition)
+            operations = nativenarrow.configuration_patch(stored, parts)
+            wanted = nativenarrow.shaped(stored, parts)
+            narrowed = nativenarrow.narrowed(wanted)
             if operations:
                 try:
                     self.configurations.patch(kind, operations)
                 except InvalidObjectError as exc:
-                    self.problem = f"the API server refused the match condition of {kind}: {exc}"
+                    self.problem = f"the API server refused the webhooks of {kind}: {exc}"
                     raise TerminalError(self.problem) from exc
                 patched = True
-                self.registry.inc(series.NATIVE_POLICY_WRITES, "narrow" if condition is not None else "widen")
+                self.registry.inc(series.NATIVE_POLICY_WRITES, "narrow" if narrowed else "widen")
                 log.info(
-                    "%s the webhooks of %s for admission.mode %s",
-                    "narrowed" if condition is not None else "un-narrowed",
+                    "%s the webhooks of %s for admission.mode %s (%d entries)",
+                    "narrowed" if narrowed else "un-narrowed",
                     kind,
                     policy.admission.mode,
-                    extra={"fields": {"controller": NAME, "kind": kind, "narrowed": condition is not None}},
+                    len(wanted),
+                    extra={"fields": {"controller": NAME, "kind": kind, "narrowed": narrowed}},
                 )
-            self.narrowed[kind] = condition
+            self.narrowed[kind] = narrowed
         return patched
 
     def status(self) -> dict[str, object]:
@@ -203,8 +215,7 @@ class NativePolicies:
         for informer in self.owned:
             for found in informer.current().values():
                 counts[found.kind] = counts.get(found.kind, 0) + 1
-        narrowed = {kind: condition is not None for kind, condition in self.narrowed.items()}
-        return {"owned": counts, "narrowed": narrowed, "problem": self.problem}
+        return {"owned": counts, "narrowed": dict(self.narrowed), "problem": self.problem}
 
     def _send(self, write: Write, policy: Policy) -> None:
         resource = RESOURCES[write.kind]
@@ -228,6 +239,17 @@ class NativePolicies:
                 "fields": {"controller": NAME, "kind": write.kind, "name": write.name, "verb": write.verb}
             },
         )
+
+
+def _version(raw: dict[str, Any]) -> tuple[Hashable, str] | None:
+    metadata = raw.get("metadata") or {}
+    return str(metadata.get("name", "")), str(metadata.get("resourceVersion", ""))
+
+
+def configuration_informers(listwatch: Callable[[str], Any], stop: threading.Event) -> list[Informer[str]]:
+    """One informer per webhook configuration kind, holding gpuguard's configuration's resourceVersion:
+    what changed is read by the reconcile itself."""
+    return [Informer(kind, listwatch(kind), _version, stop=stop) for kind in nativenarrow.CONFIGURATION_KINDS]
 
 
 def owned_informers(listwatch: Callable[[str], Any], stop: threading.Event) -> list[Informer[Owned]]:

@@ -406,6 +406,15 @@ def own_native_policies(api: client.ApiClient, resource: str) -> ResourceListWat
     )
 
 
+def webhook_configuration(api: client.ApiClient, kind: str, name: str) -> ResourceListWatch:
+    """gpuguard's own webhook configuration of `kind`, by field selector (RBAC limits the controllers to
+    its name)."""
+    return ResourceListWatch(
+        collection(api, f"{NativePolicyWriter.GROUP}/{_CONFIGURATION_RESOURCES[kind]}"),
+        field_selector=f"metadata.name={name}",
+    )
+
+
 def disruption_budgets(api: client.ApiClient) -> ResourceListWatch:
     return ResourceListWatch(client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces)
 

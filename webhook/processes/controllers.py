@@ -161,6 +161,12 @@ class ControllerManager:
         self.own_native = nativesync.owned_informers(
             lambda resource: remediation.own_native_policies(api, resource), stop
         )
+        # gpuguard's webhook configurations, which the leader narrows: not a cache any decision waits on,
+        # so they are not in `informers` (readiness); a controllers' Role without their watch leaves them
+        # re-narrowed only on the next policy change.
+        self.own_configurations = nativesync.configuration_informers(
+            lambda kind: remediation.webhook_configuration(api, kind, options.webhook_config), stop
+        )
         self.informers: list[Informer[Any]] = [
             self.nodes,
             self.pods,
@@ -199,6 +205,7 @@ class ControllerManager:
             writes=remediation.NativePolicyWriter(api, fence),
             owner=remediation.NamespaceOwner(api, options.namespace),
             configurations=remediation.WebhookConfigurationWriter(api, options.webhook_config, fence),
+            watched=self.own_configurations,
             registry=self.registry,
             stop=stop,
         )
@@ -387,7 +394,7 @@ class ControllerManager:
 
     def start(self) -> None:
         self.events.start()
-        for informer in self.informers:
+        for informer in [*self.informers, *self.own_configurations]:
             informer.start()
         threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
 

@@ -23,7 +23,7 @@ from webhook.policy import engine
 from webhook.policy.model import Policy, PolicyError, default_policy, parse_policy
 from webhook.policy.native import Compiled, compile_policy
 from webhook.policy.nativecel import MANAGED_BY
-from webhook.policy.nativenarrow import CONDITION_NAME, CONFIGURATION_KINDS, narrowing
+from webhook.policy.nativenarrow import CONDITION_NAME, CONFIGURATION_KINDS, configuration_patch, narrowing
 from webhook.policy.nativesync import (
     HASH_ANNOTATION,
     OWNER,
@@ -396,7 +396,9 @@ def _narrowed(policy: Policy, recorded: RecordedWithConfigurations, clock: Clock
     settled = _narrowing(policy, objects, recorded, clock)
     clock.now += 10.0
     settled.reconcile(KEY)
-    assert recorded.conditions() == list(narrowing(policy).conditions.values())
+    assert recorded.calls
+    for kind, parts in narrowing(policy).parts.items():
+        assert configuration_patch(recorded.stored[kind], parts) == []  # as `policy` wants them
     recorded.calls.clear()
     return objects
 
@@ -445,3 +447,73 @@ def test_a_policy_that_does_not_compile_leaves_the_webhooks_whole() -> None:
     _narrowing(policy, objects, recorded, clock, compile=broken).reconcile(KEY)
     assert recorded.conditions() == [None, None]
     assert not any(verb in ("create", "update", "delete") for verb, _, _ in recorded.calls)
+
+
+def test_a_namespace_in_warn_mode_gets_an_entry_of_its_own_and_webhook_mode_restores_the_configuration() -> (
+    None
+):
+    recorded, clock = RecordedWithConfigurations(), Clock()
+    deployed = copy.deepcopy(recorded.stored)
+    policy = make_policy(
+        {"admission": {"mode": "hybrid"}, "namespaces": [{"names": ["team-a"], "mode": "warn"}]}
+    )
+    objects = _narrowed(policy, recorded, clock)
+    mutating = recorded.stored[CONFIGURATION_KINDS[0]]["webhooks"]
+    # The webhook as it was, narrowed, and an entry for team-a sending it what the first one does not.
+    assert [w["name"] for w in mutating] == [
+        f"{p}mutatingwebhookconfiguration.gpuguard.io" for p in ("", "region-1.")
+    ]
+    assert (
+        mutating[0]["namespaceSelector"]
+        == deployed[CONFIGURATION_KINDS[0]]["webhooks"][0]["namespaceSelector"]
+    )
+    assert mutating[1]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+    ]
+    narrowed, rest = recorded.conditions()[:2]
+    assert narrowed is not None and rest == f"!({narrowed})"
+    assert len(recorded.stored[CONFIGURATION_KINDS[1]]["webhooks"]) == 1
+    # Back to webhook: one write per configuration, and they are as deployed.
+    back = _narrowing(make_policy({}), objects, recorded, clock)
+    back.reconcile(KEY)
+    assert [verb for verb, _, _ in recorded.calls] == ["patch", "patch"]
+    for kind, stored in recorded.stored.items():
+        assert stored["webhooks"] == deployed[kind]["webhooks"]
+
+
+def test_webhooks_someone_else_un_narrowed_are_narrowed_again_at_once_and_a_conflict_is_read_again() -> None:
+    policy = make_policy(
+        {"admission": {"mode": "hybrid"}, "namespaces": [{"names": ["team-a"], "mode": "warn"}]}
+    )
+    recorded, clock = RecordedWithConfigurations(), Clock()
+    leader = _narrowing(policy, [_stored(o) for o in _wanted(policy)], recorded, clock)
+    clock.now += 5.0
+    leader.reconcile(KEY)
+    narrowed = copy.deepcopy(recorded.stored)
+    recorded.calls.clear()
+    # deploy/ applied again: as it ships, at another resourceVersion.
+    recorded.stored = {kind: configuration(kind) for kind in CONFIGURATION_KINDS}
+    assert leader.reconcile(KEY).requeue_after is None  # the native objects are in force: no wait
+    assert {verb for verb, _, _ in recorded.calls} == {"patch"}
+    assert recorded.stored == narrowed
+    recorded.calls.clear()
+    assert leader.reconcile(KEY).requeue_after is None
+    assert recorded.calls == []  # level-triggered: nothing differs, nothing written
+
+    # Changed between the read and the write: the patch fails its test and is raised, to be retried.
+    recorded.stored = {kind: configuration(kind) for kind in CONFIGURATION_KINDS}
+    moved = recorded.read
+
+    def read_then_changed(kind: str) -> JSON | None:
+        found = moved(kind)
+        recorded.stored[kind]["metadata"]["resourceVersion"] = "8"
+        return found
+
+    recorded.read = read_then_changed  # type: ignore[method-assign]
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        leader.reconcile(KEY)
+    recorded.read = moved  # type: ignore[method-assign]
+    leader.reconcile(KEY)
+    assert [w["name"] for w in recorded.stored[CONFIGURATION_KINDS[0]]["webhooks"]] == [
+        w["name"] for w in narrowed[CONFIGURATION_KINDS[0]]["webhooks"]
+    ]
