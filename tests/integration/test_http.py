@@ -290,6 +290,38 @@ def test_sigterm_finishes_the_request_in_flight(tmp_path: Path) -> None:
         server.stop()
 
 
+def _connected(server: Server) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=str(server.cert_dir / "ca.crt"))
+    port = int(server.base_url.rsplit(":", 1)[1])
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10.0)
+    return context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_an_answer_leaves_in_one_tls_record(server: Server) -> None:
+    # A TLS read returns one record at most: the whole answer in the first read is head and body written
+    # together, as one record (and one system call), not the head first and the body after it.
+    body = admission_review(defaulted_gpu_pod(), uid="one-record")
+    with _connected(server) as stream:
+        stream.sendall(
+            b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        head, _, rest = stream.recv(65536).partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert len(rest) == length
+    assert well_formed(rest)["response"]["uid"] == "one-record"
+
+
+def test_a_head_request_is_answered_and_the_connection_serves_on(server: Server) -> None:
+    # A HEAD answer has no body to carry its head: it is written at once, and the next request is served.
+    with _connected(server) as stream:
+        stream.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert _read_until(stream, b"\r\n\r\n").startswith(b"HTTP/1.1 ")
+        stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert _read_until(stream, b"ok").startswith(b"HTTP/1.1 200")
+
+
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 def test_an_admission_endpoint_answers_other_methods_405(

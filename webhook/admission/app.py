@@ -89,9 +89,10 @@ class _Deadline:
     __slots__ = ("_cancelling", "_expired", "_handle", "_task")
 
     def __init__(self, seconds: float) -> None:
-        loop = asyncio.get_running_loop()
+        # The loop from the task: each asyncio lookup of the running loop is a getpid() system call.
         task = asyncio.current_task()
         assert task is not None  # an ASGI app runs in a task
+        loop = task.get_loop()
         self._task = task
         self._cancelling = task.cancelling()
         self._expired = False

@@ -19,6 +19,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -40,6 +41,11 @@ MAX_HEADERS = 100
 MAX_CONNECTIONS = 256
 # Decrypted bytes asyncio may buffer for a connection whose reading is paused (its default: 256 KiB).
 TLS_READ_BUFFER_BYTES = 64 * 1024
+# The most one read of a TLS connection asks for: what a TLS record holds at most. uvloop asks for 256 KiB
+# every time and shrinks the buffer to what came: above the 128 KiB `gpuguard serve` has glibc map on their
+# own (webhook.processes.serve), each request paid an mmap, an mremap, a munmap and four page faults. (Reads
+# of 64 KiB, made on the heap, left it fragmented: 38 MiB more after test_server_bounds' slow bodies.)
+TLS_READ_BYTES = 16 * 1024
 # After SIGTERM: how long open connections are still answered (with Connection: close) before the
 # server stops reading them; then requests in flight get GRACEFUL_SHUTDOWN_SECONDS to finish.
 DRAIN_SECONDS = 10.0
@@ -48,8 +54,57 @@ GRACEFUL_SHUTDOWN_SECONDS = 30
 log = logging.getLogger("gpuguard.server")
 
 
+class BoundedReadSSLObject(ssl.SSLObject):
+    """The TLS connection object of the listener's context: reads ask for TLS_READ_BYTES at most."""
+
+    # SSLObject's own parameter names; Any, as it answers a count when it reads into `buffer`.
+    def read(self, len: int = 1024, buffer: Any = None) -> Any:
+        return super().read(min(len, TLS_READ_BYTES), buffer)
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing; the reason is in GuardedProtocol._refusal."""
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class _OneWriteResponse:
+    """The transport as one response writes to it: its head (status line and headers) is held until the
+    next write, so that the head and the body leave together. uvicorn writes them apart, and each write
+    is a TLS record, a system call and a TCP segment of its own: one of each more per answer than needed.
+
+    Made only for a request that is not HEAD: every other response writes its body, even an empty one,
+    after its head. A "100 Continue" goes out at once (the client waits for it before sending the body),
+    and closing writes a head still held first.
+    """
+
+    __slots__ = ("_head", "_started", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head = b""
+        self._started = False
+
+    def write(self, data: bytes) -> None:
+        if self._started:
+            if self._head:
+                data, self._head = self._head + data, b""
+            self._transport.write(data)
+        elif data == _CONTINUE:
+            self._transport.write(data)
+        else:
+            self._started = True
+            self._head = data
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._head:
+            self._transport.write(self._head)
+            self._head = b""
+        self._transport.close()
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -124,8 +179,13 @@ class GuardedProtocol(HttpToolsProtocol):
         self._headers_since = None
         self._reading_headers = False
         self._header_bytes = 0
+        previous = self.cycle
         super().on_headers_complete()
-        if self.draining and self.cycle is not None:
+        if self.cycle is previous:  # no request cycle was made (an upgrade)
+            return
+        if self.scope["method"] != "HEAD":
+            self.cycle.transport = _OneWriteResponse(self.transport)  # type: ignore[assignment]
+        if self.draining:
             self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
@@ -192,6 +252,15 @@ class GuardedProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False
 
 
+class _Config(uvicorn.Config):
+    """uvicorn's settings, whose TLS context makes its connections with BoundedReadSSLObject."""
+
+    def load(self) -> None:
+        super().load()
+        if self.ssl is not None:
+            self.ssl.sslobject_class = BoundedReadSSLObject
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, whose shutdown first drains open connections (GuardedProtocol.drain)."""
 
@@ -220,7 +289,7 @@ def https_server(
 ) -> uvicorn.Server:
     """`adopt_context` receives the listener's SSLContext before it opens, for a caller that switches
     the certificate it presents while serving."""
-    config = uvicorn.Config(
+    config = _Config(
         app,
         host=host,
         port=port,

@@ -131,9 +131,9 @@ def copy_for_rules(obj: JSON, kind: WorkloadKind) -> JSON:
     return result
 
 
-def _mutation_skip_reason(
-    views: list[Workload], policy: Policy, operation: str, facts: ClusterFacts
-) -> str | None:
+def _mutation_skip_reason(views: list[Workload], policy: Policy, operation: str) -> str | None:
+    """Why the object is left alone whatever its templates ask for; None: it is mutated if one of them
+    asks for an accelerator (which `mutate` finds out once, as it needs to know which)."""
     if not policy.enabled:
         return "policy disabled"
     if operation != "CREATE":
@@ -153,8 +153,6 @@ def _mutation_skip_reason(
         # A second pass would add rules contradicting those its owner's template was given (a gang's
         # FailJob next to a lone pod's Ignore).
         return f"made from its {owner}'s template: handled there"
-    if not any(accelerator_requests(view, policy.accelerators, facts) for view in views):
-        return "not an accelerator workload"
     return None
 
 
@@ -214,13 +212,19 @@ def mutate(
         if isinstance(obj, dict)
         else []
     )
-    skipped = _mutation_skip_reason(views, policy, operation, facts)
+    skipped = _mutation_skip_reason(views, policy, operation)
+    # Templates that ask for no accelerator (a CPU launcher or Ray head) are left as they are.
+    wanted = (
+        []
+        if skipped is not None
+        else [i for i, view in enumerate(views) if accelerator_requests(view, policy.accelerators, facts)]
+    )
+    if skipped is None and not wanted:
+        skipped = "not an accelerator workload"
     if skipped is not None:
         return Result(obj, obj, skipped=skipped)
 
     first = views[0]
-    # Templates that ask for no accelerator (a CPU launcher or Ray head) are left as they are.
-    wanted = [i for i, view in enumerate(views) if accelerator_requests(view, policy.accelerators, facts)]
     working = copy_for_rules(obj, first.workload_kind)
     located = _accelerator_views(working, first, policy, wanted)
     modes = policy.modes_for(first.namespace, facts.labels_of(first.namespace))
