@@ -392,6 +392,10 @@ class ControlPlane:
             "service-account-key-file": str(pki.sa_public),
             "service-account-signing-key-file": str(pki.sa_private),
             "service-cluster-ip-range": "10.0.0.0/24",
+            # Its calls to kubelets (`kubectl logs`) at their Nodes' addresses, as the admin.
+            "kubelet-preferred-address-types": "InternalIP",
+            "kubelet-client-certificate": str(pki.admin_cert),
+            "kubelet-client-key": str(pki.admin_key),
             "allow-privileged": "true",
             # Without kube-controller-manager no namespace gets a `default` ServiceAccount, and this
             # plugin would reject every pod before the webhooks run.

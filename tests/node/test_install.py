@@ -1,0 +1,294 @@
+"""gpuguard installed as the README installs it, running as pods on the tier's real nodes: `kubectl apply -k
+deploy/` with the image built from the Dockerfile, then admission through the webhook Service, the
+controllers' leader election and the node agent in pods, and `kubectl delete -k deploy/` leaving nothing.
+
+The tests share one install and run in file order (the last one uninstalls). The workloads go to a
+namespace the session's own gpuguard leaves alone (admission.OWNER_LABEL), so whatever mutates or denies
+them there is the installed gpuguard, called by the API server at the Service's endpoints (the pods'
+addresses on the tier's bridge, node.TierNetwork).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from cryptography import x509
+
+from tests.harness.admission import (
+    OWNER_LABEL,
+    default_priority_classes,
+    gpu_job,
+    gpu_pod,
+    gpuguard_annotations,
+    install_priority_classes,
+    metric_samples,
+    pinned_to_gpu_nodes,
+)
+from tests.harness.controllers import eventually
+from tests.harness.controlplane import ControlPlane, http_get
+from tests.harness.install import (
+    CONFIGURATION,
+    CONFIGURATION_KINDS,
+    DEPLOY,
+    NAMESPACE,
+    ca_bundles,
+    insecure_context,
+    read_secret,
+    submit_dry_run,
+)
+from tests.harness.node import condition
+from webhook.certs import files, tls
+from webhook.processes.controllers import LEASE_NAME
+
+from .conftest import PATIENCE, NodeCluster
+
+AGENT_NAMESPACE = "gpuguard-node"
+WEBHOOK_PORT = 8443  # deploy/'s containerPort `https`
+PART_OF = "app.kubernetes.io/part-of=gpuguard"  # the label deploy/'s kustomizations put on every object
+WEBHOOK_PODS = "app.kubernetes.io/name=gpuguard"
+CONTROLLERS_PODS = "app.kubernetes.io/name=gpuguard-controllers"
+AGENT_PODS = "app.kubernetes.io/name=gpuguard-node-agent"
+CLUSTER_KINDS = (
+    "mutatingwebhookconfigurations,validatingwebhookconfigurations,clusterroles,clusterrolebindings,"
+    "priorityclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,namespaces"
+)
+
+
+T = TypeVar("T")
+
+
+def awaited(find: Callable[[], T | None], *, what: str) -> T:
+    """What `find` returns once it returns something: the install's pods start on a loaded machine."""
+    found: list[T] = []
+
+    def check() -> bool:
+        value = find()
+        if value is not None:
+            found[:] = [value]
+        return value is not None
+
+    eventually(check, what=what, timeout=PATIENCE)
+    return found[0]
+
+
+def pods(plane: ControlPlane, namespace: str, selector: str) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = plane.kubectl_json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    return listed
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    state = condition(pod, "Ready")
+    return (
+        pod["metadata"].get("deletionTimestamp") is None and state is not None and state["status"] == "True"
+    )
+
+
+def ready_pods(plane: ControlPlane, namespace: str, selector: str, count: int) -> list[dict[str, Any]] | None:
+    """The `count` Ready pods matching `selector`, when there are exactly that many and no others."""
+    found = pods(plane, namespace, selector)
+    return found if len(found) == count and all(ready(p) for p in found) else None
+
+
+def served_certificate(pod: dict[str, Any]) -> x509.Certificate:
+    """What a TLS handshake with the pod's own address gets."""
+    with (
+        socket.create_connection((pod["status"]["podIP"], WEBHOOK_PORT), timeout=5) as raw,
+        insecure_context().wrap_socket(raw) as conn,
+    ):
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def admissions(pod: dict[str, Any]) -> float:
+    """gpuguard_admission_requests_total of one webhook pod, read at its address."""
+    status, body = http_get(WEBHOOK_PORT, "/metrics", insecure_context(), pod["status"]["podIP"])
+    assert status == 200, f"/metrics of {pod['metadata']['name']} answered {status}"
+    return sum(value for _, value in metric_samples(body.decode(), "gpuguard_admission_requests_total"))
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: NodeCluster, gpuguard_image: str) -> Iterator[list[dict[str, Any]]]:
+    """`kubectl apply -k deploy/` (the README's command) with the image on both nodes; yields the two
+    webhook pods once both are Ready. Afterwards whatever is left of it goes, and the session's
+    PriorityClasses (which deploy/ ships too, and its uninstall removes) are back."""
+    plane = cluster.plane
+    try:
+        plane.kubectl("apply", "-k", str(DEPLOY))
+        yield awaited(
+            lambda: ready_pods(plane, NAMESPACE, WEBHOOK_PODS, 2), what="both webhook replicas Ready"
+        )
+    finally:
+        plane.kubectl("delete", "-k", str(DEPLOY), "--ignore-not-found", "--wait=false", check=False)
+        install_priority_classes(plane, default_priority_classes())
+
+
+@pytest.fixture(scope="module")
+def workloads(cluster: NodeCluster, installed: list[dict[str, Any]]) -> Iterator[str]:
+    """A namespace only the installed gpuguard sees."""
+    name = f"install-{secrets.token_hex(3)}"
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {OWNER_LABEL: "deploy"}},
+    }
+    cluster.plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+    yield name
+    cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_both_webhook_replicas_serve_the_one_certificate_they_bootstrapped(
+    cluster: NodeCluster, installed: list[dict[str, Any]]
+) -> None:
+    material = read_secret(cluster.plane)
+
+    assert {pod["spec"]["nodeName"] for pod in installed} == set(cluster.nodes)  # one per node
+    assert material.phase == "steady"
+    assert len(material.cas) == 1
+    logs = "".join(
+        cluster.plane.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"]).stdout for pod in installed
+    )
+    assert logs.count("certificates: create") == 1  # one replica created the Secret, the other adopted it
+    assert tls.covers(material.leaf, files.dns_names_for_service("gpuguard", NAMESPACE))
+    for pod in installed:
+        assert served_certificate(pod) == material.leaf, pod["metadata"]["name"]
+    eventually(
+        lambda: ca_bundles(cluster.plane) == {kind: material.cas for kind in CONFIGURATION_KINDS},
+        what="caBundle of both configurations filled with the Secret's CA",
+        timeout=PATIENCE,
+    )
+
+
+def test_pod_security_enforces_restricted_and_admits_gpuguards_pods(
+    cluster: NodeCluster, installed: list[dict[str, Any]]
+) -> None:
+    plane = cluster.plane
+    labels = plane.kubectl_json("get", "namespace", NAMESPACE)["metadata"]["labels"]
+    privileged = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "privileged", "namespace": NAMESPACE},
+        "spec": {"containers": [{"name": "c", "image": "gpuguard", "securityContext": {"privileged": True}}]},
+    }
+
+    refused = plane.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(privileged), check=False
+    )
+
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert 'violates PodSecurity "restricted:latest"' in refused.stderr, refused.stderr
+    # Admitted and running there under it: the webhook replicas, and the controllers.
+    assert all(ready(pod) for pod in installed)
+    awaited(lambda: ready_pods(plane, NAMESPACE, CONTROLLERS_PODS, 2), what="both controllers replicas Ready")
+
+
+def test_a_gpu_job_is_mutated_through_the_service(
+    cluster: NodeCluster, installed: list[dict[str, Any]], workloads: str
+) -> None:
+    plane = cluster.plane
+    job = gpu_job("train", workloads)
+    job["spec"]["suspend"] = True  # admission is the point: no pod
+    calls_before = sum(admissions(pod) for pod in installed)
+
+    dry_run = submit_dry_run(plane, job)
+    plane.kubectl("apply", "-f", "-", input=json.dumps(job))
+    stored = plane.kubectl_json("get", "job", "train", "-n", workloads)
+
+    assert dry_run.returncode == 0, dry_run.stderr
+    for mutated in (json.loads(dry_run.stdout), stored):
+        assert gpuguard_annotations(mutated)
+        spec = mutated["spec"]
+        assert {
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        } in spec["podFailurePolicy"]["rules"]
+        template = spec["template"]["spec"]
+        assert template["priorityClassName"] == "gpu-workload"
+        readiness = {t["key"]: t["tolerationSeconds"] for t in template["tolerations"]}
+        assert readiness == {"node.kubernetes.io/not-ready": 1800, "node.kubernetes.io/unreachable": 1800}
+    # Both requests (dry run and apply) went to the replicas, each called once per webhook at least.
+    assert sum(admissions(pod) for pod in installed) >= calls_before + 4
+
+
+def test_a_default_priority_pod_bound_for_gpu_nodes_is_denied_through_the_service(
+    cluster: NodeCluster, installed: list[dict[str, Any]], workloads: str
+) -> None:
+    plane = cluster.plane
+    crowder = pinned_to_gpu_nodes("crowder", workloads)
+
+    dry_run = submit_dry_run(plane, crowder)
+    applied = plane.kubectl("apply", "-f", "-", input=json.dumps(crowder), check=False)
+
+    for refused in (dry_run, applied):
+        assert refused.returncode != 0
+        assert 'admission webhook "validate.gpuguard.io" denied the request' in refused.stderr, refused.stderr
+        assert "acceleratorNodeGuard" in refused.stderr
+    assert plane.kubectl("get", "pod", "crowder", "-n", workloads, check=False).returncode != 0
+    # A GPU pod in the same namespace is admitted and mutated.
+    admitted = submit_dry_run(plane, gpu_pod("trainer", workloads))
+    assert admitted.returncode == 0 and gpuguard_annotations(json.loads(admitted.stdout)), admitted.stderr
+
+
+def test_the_controllers_elect_a_leader_among_their_pods(
+    cluster: NodeCluster, installed: list[dict[str, Any]]
+) -> None:
+    plane = cluster.plane
+    controllers = awaited(
+        lambda: ready_pods(plane, NAMESPACE, CONTROLLERS_PODS, 2), what="both controllers replicas Ready"
+    )
+
+    def holder() -> str | None:
+        lease = plane.kubectl("get", "lease", LEASE_NAME, "-n", NAMESPACE, "-o", "json", check=False)
+        return json.loads(lease.stdout)["spec"].get("holderIdentity") if lease.returncode == 0 else None
+
+    leader = awaited(holder, what="the controllers' Lease held")
+
+    assert leader in {pod["metadata"]["name"] for pod in controllers}
+
+
+def test_the_node_agent_runs_on_each_gpu_node(cluster: NodeCluster, installed: list[dict[str, Any]]) -> None:
+    plane = cluster.plane
+
+    agents = awaited(
+        lambda: ready_pods(plane, AGENT_NAMESPACE, AGENT_PODS, len(cluster.nodes)),
+        what="a Ready node agent pod on each node",
+    )
+
+    assert sorted(pod["spec"]["nodeName"] for pod in agents) == sorted(cluster.nodes)
+    labels = plane.kubectl_json("get", "namespace", AGENT_NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def leftovers(plane: ControlPlane) -> list[str]:
+    """gpuguard's objects still in the cluster: anything labelled part of it, the webhook configurations
+    and the node agent's admission policy by name, its namespaces."""
+    labelled = plane.kubectl("get", CLUSTER_KINDS, "-l", PART_OF, "-o", "name").stdout.split()
+    named = plane.kubectl(
+        "get",
+        ",".join(CONFIGURATION_KINDS),
+        CONFIGURATION,
+        "--ignore-not-found",
+        "-o",
+        "name",
+    ).stdout.split()
+    spaces = plane.kubectl(
+        "get", "namespace", NAMESPACE, AGENT_NAMESPACE, "--ignore-not-found", "-o", "name"
+    ).stdout.split()
+    return sorted({*labelled, *named, *spaces})
+
+
+def test_deleting_deploy_leaves_nothing_of_gpuguard(
+    cluster: NodeCluster, installed: list[dict[str, Any]]
+) -> None:
+    plane = cluster.plane
+    assert leftovers(plane)  # installed, to begin with
+
+    plane.kubectl("delete", "-k", str(DEPLOY), "--wait=false")
+
+    eventually(lambda: not leftovers(plane), what="nothing of gpuguard left", timeout=PATIENCE)
+    assert not plane.kubectl("get", "pods", "-A", "-l", PART_OF, "-o", "name").stdout.split()
