@@ -34,6 +34,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -86,8 +87,8 @@ JOIN_CGROUP = 'echo $$ > "$1"; shift; exec "$@"'
 BRIDGE = "gpuguard0"
 POD_SUBNET = "10.244.0.0/16"
 GATEWAY = "10.244.0.1"
-SERVICE_SUBNET = "10.0.0.0/24"  # kube-apiserver's --service-cluster-ip-range
-KUBERNETES_SERVICE_IP = "10.0.0.1"  # the first address of it: the `kubernetes` Service's ClusterIP
+# The first address of kube-apiserver's --service-cluster-ip-range: the `kubernetes` Service's ClusterIP.
+KUBERNETES_SERVICE_IP = "10.0.0.1"
 CLONE_NEWNET = 0x40000000
 # Where a kubelet and containerd write by default: on the host, they must stay as they were.
 HOST_PATHS = (
@@ -169,6 +170,10 @@ class TierNetwork:
     host_namespace: int | None = field(default=None, init=False)
 
     def enter(self) -> None:
+        # unshare moves the calling thread only: the main thread starts the tier's processes and threads.
+        assert threading.current_thread() is threading.main_thread(), (
+            "enter the tier's network from the main thread"
+        )
         self.host_namespace = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         _in_network_namespace("unshare", CLONE_NEWNET)
         for command in (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import secrets
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pytest
 
 from tests.harness import REPO_ROOT
 from tests.harness.admission import (
+    OWNER_LABEL,
     WebhookProcess,
     default_priority_classes,
     install_priority_classes,
@@ -26,6 +28,7 @@ from tests.harness.admission import (
     unregister,
     wait_until_called,
 )
+from tests.harness.chart import Helm, build_helm
 from tests.harness.controllers import (
     NAMESPACE,
     ControllersProcess,
@@ -163,6 +166,7 @@ class NodeCluster:
     host_before: dict[str, Any]  # node.host_state() before the first node started
     # gpuguard's image built from the Dockerfile (an OCI archive), when a test of the session needs it.
     image_archive: Path | None
+    helm_binary: Path | None  # Helm, when a test of the session needs it (`helm`)
     nodes: dict[str, Node] = field(default_factory=dict)
     plugins: dict[str, FakeDevicePlugin] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -212,9 +216,13 @@ def cluster(
     runtime_bin = run_build_script(pytestconfig, RUNTIME_BUILD_SCRIPT)
     apis = compile_apis(CACHE / "kubelet-api")
     images = build_images(runtime_bin, tmp_path_factory.mktemp("images"))
+
     # Only when a test asks for it: a change to webhook/ builds the image again (minutes).
-    needs_image = any("gpuguard_image" in getattr(item, "fixturenames", ()) for item in request.session.items)
-    image_archive = run_build_script(pytestconfig, IMAGE_BUILD_SCRIPT) if needs_image else None
+    def needed(fixture: str) -> bool:
+        return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+    image_archive = run_build_script(pytestconfig, IMAGE_BUILD_SCRIPT) if needed("gpuguard_image") else None
+    helm_binary = build_helm() if needed("helm") else None
     setup_seconds = time.monotonic() - begin
     host_before = host_state()
 
@@ -244,7 +252,7 @@ def cluster(
         raise
     network.route_kubernetes_service(plane.port)
     gpuguard = WebhookProcess(tmp_path_factory.mktemp("gpuguard"))
-    state = NodeCluster(plane, gpuguard, apis, network, host_before, image_archive)
+    state = NodeCluster(plane, gpuguard, apis, network, host_before, image_archive, helm_binary)
     pytestconfig.stash[CLUSTER_KEY] = state
     try:
         plane.start_controller_manager(
@@ -348,6 +356,28 @@ def gpuguard_image(cluster: NodeCluster) -> str:
     for node in cluster.nodes.values():
         node.ctr("images", "import", "--local", str(cluster.image_archive))
     return IMAGE
+
+
+@pytest.fixture(scope="session")
+def helm(cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """Helm (built before the tier's network was entered) on the tier's API server, its homes in a test folder."""
+    assert cluster.helm_binary is not None, "built for every session with a test that asks for it"
+    return Helm(cluster.helm_binary, tmp_path_factory.mktemp("helm"), cluster.plane.kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def installed_namespace(cluster: NodeCluster) -> Iterator[str]:
+    """A namespace for workloads only gpuguard installed as pods sees: the session's own gpuguard leaves
+    it alone (admission.OWNER_LABEL)."""
+    name = f"installed-{secrets.token_hex(3)}"
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {OWNER_LABEL: "installed"}},
+    }
+    cluster.plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+    yield name
+    cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture

@@ -3,16 +3,16 @@ deploy/` with the image built from the Dockerfile, then admission through the we
 controllers' leader election and the node agent in pods, and `kubectl delete -k deploy/` leaving nothing.
 
 The tests share one install and run in file order (the last one uninstalls). The workloads go to a
-namespace the session's own gpuguard leaves alone (admission.OWNER_LABEL), so whatever mutates or denies
-them there is the installed gpuguard, called by the API server at the Service's endpoints (the pods'
+namespace the session's own gpuguard leaves alone (conftest.installed_namespace), so whatever mutates or
+denies them there is the installed gpuguard, called by the API server at the Service's endpoints (the pods'
 addresses on the tier's bridge, node.TierNetwork).
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -20,7 +20,6 @@ import pytest
 from cryptography import x509
 
 from tests.harness.admission import (
-    OWNER_LABEL,
     default_priority_classes,
     gpu_job,
     gpu_pod,
@@ -30,18 +29,20 @@ from tests.harness.admission import (
     pinned_to_gpu_nodes,
 )
 from tests.harness.controllers import eventually
-from tests.harness.controlplane import ControlPlane, http_get
+from tests.harness.controlplane import ControlPlane, http_get, wait_until
 from tests.harness.install import (
     CONFIGURATION,
     CONFIGURATION_KINDS,
     DEPLOY,
     NAMESPACE,
+    Stream,
     ca_bundles,
     insecure_context,
     read_secret,
     submit_dry_run,
 )
 from tests.harness.node import condition
+from webhook import __version__
 from webhook.certs import files, tls
 from webhook.processes.controllers import LEASE_NAME
 
@@ -50,6 +51,9 @@ from .conftest import PATIENCE, NodeCluster
 AGENT_NAMESPACE = "gpuguard-node"
 WEBHOOK_PORT = 8443  # deploy/'s containerPort `https`
 PART_OF = "app.kubernetes.io/part-of=gpuguard"  # the label deploy/'s kustomizations put on every object
+# The name containerd knows gpuguard's image by (deploy/'s `image: gpuguard:<version>`), and a second tag.
+IMAGE_REPOSITORY = "docker.io/library/gpuguard"
+NEXT_TAG = f"{__version__}-next"
 WEBHOOK_PODS = "app.kubernetes.io/name=gpuguard"
 CONTROLLERS_PODS = "app.kubernetes.io/name=gpuguard-controllers"
 AGENT_PODS = "app.kubernetes.io/name=gpuguard-node-agent"
@@ -115,8 +119,8 @@ def admissions(pod: dict[str, Any]) -> float:
 @pytest.fixture(scope="module")
 def installed(cluster: NodeCluster, gpuguard_image: str) -> Iterator[list[dict[str, Any]]]:
     """`kubectl apply -k deploy/` (the README's command) with the image on both nodes; yields the two
-    webhook pods once both are Ready. Afterwards whatever is left of it goes, and the session's
-    PriorityClasses (which deploy/ ships too, and its uninstall removes) are back."""
+    webhook pods once both are Ready. Afterwards whatever is left of it goes (waited for), and the
+    session's PriorityClasses (which deploy/ ships too, and its uninstall removes) are back."""
     plane = cluster.plane
     try:
         plane.kubectl("apply", "-k", str(DEPLOY))
@@ -125,21 +129,9 @@ def installed(cluster: NodeCluster, gpuguard_image: str) -> Iterator[list[dict[s
         )
     finally:
         plane.kubectl("delete", "-k", str(DEPLOY), "--ignore-not-found", "--wait=false", check=False)
+        # Gone before the next module, which may install gpuguard again (test_helm).
+        eventually(lambda: not leftovers(plane), what="nothing of gpuguard left", timeout=PATIENCE)
         install_priority_classes(plane, default_priority_classes())
-
-
-@pytest.fixture(scope="module")
-def workloads(cluster: NodeCluster, installed: list[dict[str, Any]]) -> Iterator[str]:
-    """A namespace only the installed gpuguard sees."""
-    name = f"install-{secrets.token_hex(3)}"
-    namespace = {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": name, "labels": {OWNER_LABEL: "deploy"}},
-    }
-    cluster.plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
-    yield name
-    cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def test_both_webhook_replicas_serve_the_one_certificate_they_bootstrapped(
@@ -188,16 +180,16 @@ def test_pod_security_enforces_restricted_and_admits_gpuguards_pods(
 
 
 def test_a_gpu_job_is_mutated_through_the_service(
-    cluster: NodeCluster, installed: list[dict[str, Any]], workloads: str
+    cluster: NodeCluster, installed: list[dict[str, Any]], installed_namespace: str
 ) -> None:
     plane = cluster.plane
-    job = gpu_job("train", workloads)
+    job = gpu_job("train", installed_namespace)
     job["spec"]["suspend"] = True  # admission is the point: no pod
     calls_before = sum(admissions(pod) for pod in installed)
 
     dry_run = submit_dry_run(plane, job)
     plane.kubectl("apply", "-f", "-", input=json.dumps(job))
-    stored = plane.kubectl_json("get", "job", "train", "-n", workloads)
+    stored = plane.kubectl_json("get", "job", "train", "-n", installed_namespace)
 
     assert dry_run.returncode == 0, dry_run.stderr
     for mutated in (json.loads(dry_run.stdout), stored):
@@ -216,10 +208,10 @@ def test_a_gpu_job_is_mutated_through_the_service(
 
 
 def test_a_default_priority_pod_bound_for_gpu_nodes_is_denied_through_the_service(
-    cluster: NodeCluster, installed: list[dict[str, Any]], workloads: str
+    cluster: NodeCluster, installed: list[dict[str, Any]], installed_namespace: str
 ) -> None:
     plane = cluster.plane
-    crowder = pinned_to_gpu_nodes("crowder", workloads)
+    crowder = pinned_to_gpu_nodes("crowder", installed_namespace)
 
     dry_run = submit_dry_run(plane, crowder)
     applied = plane.kubectl("apply", "-f", "-", input=json.dumps(crowder), check=False)
@@ -228,9 +220,9 @@ def test_a_default_priority_pod_bound_for_gpu_nodes_is_denied_through_the_servic
         assert refused.returncode != 0
         assert 'admission webhook "validate.gpuguard.io" denied the request' in refused.stderr, refused.stderr
         assert "acceleratorNodeGuard" in refused.stderr
-    assert plane.kubectl("get", "pod", "crowder", "-n", workloads, check=False).returncode != 0
+    assert plane.kubectl("get", "pod", "crowder", "-n", installed_namespace, check=False).returncode != 0
     # A GPU pod in the same namespace is admitted and mutated.
-    admitted = submit_dry_run(plane, gpu_pod("trainer", workloads))
+    admitted = submit_dry_run(plane, gpu_pod("trainer", installed_namespace))
     assert admitted.returncode == 0 and gpuguard_annotations(json.loads(admitted.stdout)), admitted.stderr
 
 
@@ -262,6 +254,107 @@ def test_the_node_agent_runs_on_each_gpu_node(cluster: NodeCluster, installed: l
     assert sorted(pod["spec"]["nodeName"] for pod in agents) == sorted(cluster.nodes)
     labels = plane.kubectl_json("get", "namespace", AGENT_NAMESPACE)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+# --- operations under a steady stream of GPU pods, with failurePolicy Fail ---------------------------------
+
+
+def expect_no_loss(stream: Stream) -> None:
+    """Every GPU pod of the stream came back admitted and mutated by gpuguard."""
+    outcomes = stream.outcomes
+    failures = [o.detail for o in outcomes if not o.ok]
+    assert not failures, f"{len(failures)} of {len(outcomes)} requests failed, first: {failures[0]}"
+
+
+def more_requests(stream: Stream, count: int = 10) -> None:
+    """Waits until `count` requests more went through, so that the stream ran on after what happened."""
+    moment = time.monotonic()
+    wait_until(lambda: stream.count_after(moment) >= count, timeout=PATIENCE, what=f"{count} requests more")
+    assert stream.thread.is_alive(), "the stream stopped early"
+
+
+@pytest.fixture(scope="module")
+def fail_closed(cluster: NodeCluster, installed: list[dict[str, Any]]) -> None:
+    """deploy/fail-closed/ applied over the install: a webhook that cannot answer refuses the pod."""
+    cluster.plane.kubectl("apply", "-k", str(DEPLOY / "fail-closed"))
+    for kind in CONFIGURATION_KINDS:
+        webhook = cluster.plane.kubectl_json("get", kind, CONFIGURATION)["webhooks"][0]
+        assert webhook["failurePolicy"] == "Fail"
+
+
+def test_a_rolling_update_to_another_tag_under_a_stream_of_gpu_pods_loses_none(
+    cluster: NodeCluster, installed: list[dict[str, Any]], fail_closed: None, installed_namespace: str
+) -> None:
+    plane = cluster.plane
+    for node in cluster.nodes.values():  # the same image under a second tag: a new template all the same
+        node.ctr("images", "tag", f"{IMAGE_REPOSITORY}:{__version__}", f"{IMAGE_REPOSITORY}:{NEXT_TAG}")
+    before = {pod["metadata"]["name"] for pod in pods(plane, NAMESPACE, WEBHOOK_PODS)}
+
+    with Stream(plane, installed_namespace) as stream:
+        wait_until(lambda: stream.count_after(0) >= 5, timeout=PATIENCE, what="the stream under way")
+        plane.kubectl("set", "image", "deployment/gpuguard", f"gpuguard=gpuguard:{NEXT_TAG}", "-n", NAMESPACE)
+        plane.kubectl(
+            "rollout",
+            "status",
+            "deployment/gpuguard",
+            "-n",
+            NAMESPACE,
+            f"--timeout={PATIENCE:.0f}s",
+            timeout=PATIENCE + 30,
+        )
+        more_requests(stream)
+
+    expect_no_loss(stream)
+    after = awaited(lambda: ready_pods(plane, NAMESPACE, WEBHOOK_PODS, 2), what="the new replicas alone")
+    assert not before & {pod["metadata"]["name"] for pod in after}
+    assert {pod["spec"]["containers"][0]["image"] for pod in after} == {f"gpuguard:{NEXT_TAG}"}
+
+
+def test_deleting_a_webhook_pod_under_a_stream_of_gpu_pods_loses_none(
+    cluster: NodeCluster, installed: list[dict[str, Any]], fail_closed: None, installed_namespace: str
+) -> None:
+    plane = cluster.plane
+    victim = pods(plane, NAMESPACE, WEBHOOK_PODS)[0]["metadata"]["name"]
+
+    with Stream(plane, installed_namespace) as stream:
+        wait_until(lambda: stream.count_after(0) >= 5, timeout=PATIENCE, what="the stream under way")
+        plane.kubectl("delete", "pod", victim, "-n", NAMESPACE, "--wait=false")
+        replaced = awaited(
+            lambda: ready_pods(plane, NAMESPACE, WEBHOOK_PODS, 2),
+            what="the deleted replica replaced and gone",
+        )
+        more_requests(stream)
+
+    expect_no_loss(stream)
+    assert victim not in {pod["metadata"]["name"] for pod in replaced}
+
+
+def test_the_disruption_budget_blocks_a_drain_that_would_take_both_replicas(
+    cluster: NodeCluster, installed: list[dict[str, Any]], fail_closed: None, installed_namespace: str
+) -> None:
+    plane = cluster.plane
+    nodes = sorted(cluster.nodes)
+    plane.kubectl("cordon", *nodes)  # so an evicted replica's replacement has nowhere to go
+    try:
+        drain = plane.kubectl(
+            "drain",
+            *nodes,
+            f"--pod-selector={WEBHOOK_PODS}",
+            "--delete-emptydir-data",  # the replicas' in-memory certificate folder, as any drain of them needs
+            "--timeout=30s",
+            check=False,
+            timeout=120,
+        )
+        standing = [pod for pod in pods(plane, NAMESPACE, WEBHOOK_PODS) if ready(pod)]
+        admitted = submit_dry_run(plane, gpu_pod("during-drain", installed_namespace))
+    finally:
+        plane.kubectl("uncordon", *nodes)
+
+    assert drain.returncode != 0
+    assert "Cannot evict pod as it would violate the pod's disruption budget" in drain.stderr, drain.stderr
+    assert len(standing) == 1  # one evicted, the other kept by the budget, still serving
+    assert admitted.returncode == 0 and gpuguard_annotations(json.loads(admitted.stdout)), admitted.stderr
+    awaited(lambda: ready_pods(plane, NAMESPACE, WEBHOOK_PODS, 2), what="both replicas back once uncordoned")
 
 
 def leftovers(plane: ControlPlane) -> list[str]:
