@@ -172,10 +172,21 @@ class NodeCluster:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+# The modules that install gpuguard as pods, in their order: they run last, because uninstalling removes
+# deploy/'s namespaces and RBAC, which the session's `accounts` put there for gpuguard's processes.
+INSTALLING_MODULES = ("test_install.py", "test_helm.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.node)
+
+    def installing_last(item: pytest.Item) -> int:
+        installing = item.path.is_relative_to(HERE) and item.path.name in INSTALLING_MODULES
+        return 1 + INSTALLING_MODULES.index(item.path.name) if installing else 0
+
+    items.sort(key=installing_last)  # stable: everything else keeps its order
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -28,7 +28,15 @@ from tests.harness.install import (
 )
 
 from .conftest import PATIENCE, NodeCluster
-from .test_install import AGENT_NAMESPACE, AGENT_PODS, CONTROLLERS_PODS, WEBHOOK_PODS, leftovers, ready_pods
+from .test_install import (
+    AGENT_NAMESPACE,
+    AGENT_PODS,
+    CONTROLLERS_PODS,
+    WEBHOOK_PODS,
+    leftovers,
+    ready_pods,
+    uninstall,
+)
 
 RELEASE_NAMESPACE = "default"
 # Helm's own deadline for --wait, and the test's for Helm: pods start on a loaded machine.
@@ -40,9 +48,11 @@ HELM_SECONDS = 300.0
 def released(cluster: NodeCluster, gpuguard_image: str, helm: Helm) -> Iterator[None]:
     """`helm install --wait` of the chart with its default values; uninstalled afterwards whatever
     happened, and the session's PriorityClasses back. The chart ships them too, and Helm adopts no object
-    it did not create: the session's go first (the chart's have the same values)."""
+    it did not create: the session's go first (the chart's have the same values), and so does what of
+    deploy/ the session put there for gpuguard's processes (`accounts`)."""
     sessions = default_priority_classes()
     cluster.plane.kubectl("delete", "priorityclass", *sessions, "--ignore-not-found")
+    uninstall(cluster.plane)
     try:
         helm(
             "install",

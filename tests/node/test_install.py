@@ -128,9 +128,7 @@ def installed(cluster: NodeCluster, gpuguard_image: str) -> Iterator[list[dict[s
             lambda: ready_pods(plane, NAMESPACE, WEBHOOK_PODS, 2), what="both webhook replicas Ready"
         )
     finally:
-        plane.kubectl("delete", "-k", str(DEPLOY), "--ignore-not-found", "--wait=false", check=False)
-        # Gone before the next module, which may install gpuguard again (test_helm).
-        eventually(lambda: not leftovers(plane), what="nothing of gpuguard left", timeout=PATIENCE)
+        uninstall(plane)  # before the next module, which may install gpuguard again (test_helm)
         install_priority_classes(plane, default_priority_classes())
 
 
@@ -373,6 +371,12 @@ def leftovers(plane: ControlPlane) -> list[str]:
         "get", "namespace", NAMESPACE, AGENT_NAMESPACE, "--ignore-not-found", "-o", "name"
     ).stdout.split()
     return sorted({*labelled, *named, *spaces})
+
+
+def uninstall(plane: ControlPlane) -> None:
+    """Whatever deploy/ has in the cluster deleted, and gone: namespaces included."""
+    plane.kubectl("delete", "-k", str(DEPLOY), "--ignore-not-found", "--wait=false")
+    eventually(lambda: not leftovers(plane), what="nothing of gpuguard left", timeout=PATIENCE)
 
 
 def test_deleting_deploy_leaves_nothing_of_gpuguard(
