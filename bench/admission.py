@@ -12,7 +12,8 @@ Measured per scenario: creates per second, client-observed p50/p99, the API serv
 (request, admission steps, the webhook or policy), the CPU each create costs the control plane and the
 extension, and whether the created pods came back mutated. The method is in bench/README.md.
 
-    bench/run admission [--rates 50,200] [--duration 10] [--rounds 3] [--out bench/admission-results.md]
+    bench/run admission [--rates 50,200] [--duration 10] [--rounds 3] [--scenarios a,c,n]
+                        [--out bench/admission-results.md]
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ KYVERNO_LABEL = "bench.gpuguard.io/kyverno"
 NO_OP_LABEL = "bench.gpuguard.io/no-op"
 NATIVE_LABEL = "bench.gpuguard.io/native"
 HYBRID_LABEL = "bench.gpuguard.io/hybrid"
+NATIVE_PREFIX = "bench-native-"  # (n)'s compiled objects, beside (c)'s hand-written MAP of the same name
 HYBRID_PREFIX = "bench-hybrid-"  # (h)'s compiled objects and configurations, beside (n)'s and (b)'s
 # deploy/'s webhooks that scenario (e) copies, and the names of the copies.
 NO_OP_MIRRORS = {
@@ -415,10 +417,14 @@ def install_map(plane: ControlPlane) -> Extension:
 
 
 def install_native(plane: ControlPlane) -> Extension:
-    """`gpuguard policy compile` of the default policy, every binding narrowed to the bench's namespace."""
+    """`gpuguard policy compile` of the default policy, every binding narrowed to the bench's namespace. Each
+    object renamed: the compiled readiness MAP has bench/map/'s name, and applied as it is would replace
+    the hand-written MAP of (c) with itself."""
     objects = compile_policy(default_policy()).objects
     for obj in objects:
+        obj["metadata"]["name"] = NATIVE_PREFIX + obj["metadata"]["name"]
         if obj["kind"].endswith("Binding"):
+            obj["spec"]["policyName"] = NATIVE_PREFIX + obj["spec"]["policyName"]
             obj["spec"]["matchResources"]["namespaceSelector"] = {"matchLabels": {NATIVE_LABEL: "true"}}
     plane.kubectl(
         "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
@@ -867,9 +873,10 @@ class Mutations:
             )
         self.pods[extension.key] = self.pods.get(extension.key, 0) + len(run.created)
 
-    def verdict(self, extension: Extension, reference: str) -> tuple[bool, str]:
-        """Whether every pod of `extension` came back as gpuguard (the `reference` extension) leaves it."""
-        mine, theirs = self.seen.get(extension.key, {}), self.seen.get(reference, {})
+    def verdict(self, extension: Extension, reference: str | None) -> tuple[bool, str]:
+        """Whether every pod of `extension` came back as gpuguard (the `reference` extension) leaves it; with
+        no reference, whether each came back settled and without the API server's default."""
+        mine, theirs = self.seen.get(extension.key, {}), self.seen.get(reference or "", {})
         if not mine:
             return False, "no pod created"
         unsettled = [t for t, values in mine.items() if len(values) != 1]
@@ -878,6 +885,11 @@ class Mutations:
         defaulted = [t for t, (values,) in mine.items() if API_SERVER_DEFAULT_SECONDS in values]
         if defaulted:
             return False, f"templates {defaulted} kept the API server's {API_SERVER_DEFAULT_SECONDS} s"
+        if reference is None:
+            return (
+                True,
+                f"{self.pods[extension.key]:,} pods, all {len(mine)} templates settled (gpuguard not run)",
+            )
         # A short run may create no pod of some templates in one scenario: only templates both created
         # can be compared (at least one, or the comparison says nothing).
         shared = [t for t in mine if t in theirs]
@@ -953,6 +965,35 @@ def install_priority_classes(plane: ControlPlane, pods: list[JSON]) -> None:
         )
 
 
+def install(
+    args: argparse.Namespace, plane: ControlPlane, work: Path, stack: ExitStack, say: Callable[[str], None]
+) -> list[Extension]:
+    """The scenarios args.scenarios names, (a) first."""
+    extensions = [no_extension(plane)]
+    if "b" in args.scenarios:
+        say("installing deploy/ and one gpuguard replica")
+        extensions.append(install_gpuguard(plane, work, stack))
+    else:
+        # The class the policy's priority rule names ships with deploy/.
+        plane.kubectl("apply", "-f", str(DEPLOY / "base" / "priorityclasses.yaml"))
+    if "c" in args.scenarios:
+        say("applying bench/map/")
+        extensions.append(install_map(plane))
+    if "n" in args.scenarios:
+        say("applying `gpuguard policy compile` of the default policy")
+        extensions.append(install_native(plane))
+    if "h" in args.scenarios:
+        say("applying hybrid: the policy compiled for it, and (b)'s webhooks narrowed")
+        extensions.append(install_hybrid(plane))
+    if args.kyverno is not None:
+        say(f"starting Kyverno from {args.kyverno}")
+        extensions.append(install_kyverno(plane, args.kyverno, work, stack))
+    if "e" in args.scenarios:
+        say("starting the no-op webhooks")
+        extensions.append(install_no_op_webhooks(plane, work, stack))
+    return extensions
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None] = SAY) -> Results:
     began = time.perf_counter()
     busy_before, own_before = busy_seconds()[0], own_seconds()
@@ -963,17 +1004,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = SAY) -> Results:
             plane = ControlPlane.start(args.k8s_bin, work / "controlplane")
             stack.callback(plane.stop)
             creators = stack.enter_context(Creators(plane, CONNECTIONS))
-            say("installing deploy/ and one gpuguard replica; applying bench/map/")
-            extensions = [no_extension(plane), install_gpuguard(plane, work, stack), install_map(plane)]
-            say("applying `gpuguard policy compile` of the default policy")
-            extensions.append(install_native(plane))
-            say("applying hybrid: the policy compiled for it, and (b)'s webhooks narrowed")
-            extensions.append(install_hybrid(plane))
-            if args.kyverno is not None:
-                say(f"starting Kyverno from {args.kyverno}")
-                extensions.append(install_kyverno(plane, args.kyverno, work, stack))
-            say("starting the no-op webhooks")
-            extensions.append(install_no_op_webhooks(plane, work, stack))
+            extensions = install(args, plane, work, stack, say)
             pods, sources = load_pods(args.corpus)
             install_priority_classes(plane, pods)
             probe = orjson.dumps(fallback_pods()[0])
@@ -1050,43 +1081,50 @@ def _added_ms(results: Results, key: str, over: str, rate: float) -> tuple[float
 
 
 def floors(results: Results) -> list[tuple[str, str, bool]]:
+    """The floors the scenarios run can judge (--scenarios may leave some out)."""
     rate = _floor_rate(results)
-    base, guard = _latencies(results, "a", rate), _latencies(results, "b", rate)
-    p50, p99 = _added_ms(results, "b", "a", rate)
+    ran = {extension.key for extension in results.extensions}
     all_runs = [run for runs in results.runs.values() for run in runs] + list(results.saturation.values())
     errors = sum(len(run.errors) for run in all_runs)
     creates = sum(len(run.samples) for run in all_runs)
     fail_open = sum(run.fail_open for run in all_runs)
-    checks = [
-        (
-            f"gpuguard adds ≤ {FLOOR_P50_MS:g} ms at p50 over (a), {rate:g} creates/s",
-            f"{_delta(p50)} ms ({fmt_ms(percentile(guard, 0.5))} vs {fmt_ms(percentile(base, 0.5))} ms)",
-            p50 <= FLOOR_P50_MS,
-        ),
-        (
-            f"gpuguard adds ≤ {FLOOR_P99_MS:g} ms at p99 over (a), {rate:g} creates/s",
-            f"{_delta(p99)} ms ({fmt_ms(percentile(guard, 0.99))} vs {fmt_ms(percentile(base, 0.99))} ms)",
-            p99 <= FLOOR_P99_MS,
-        ),
+    checks = []
+    if "b" in ran:
+        base, guard = _latencies(results, "a", rate), _latencies(results, "b", rate)
+        p50, p99 = _added_ms(results, "b", "a", rate)
+        checks += [
+            (
+                f"gpuguard adds ≤ {FLOOR_P50_MS:g} ms at p50 over (a), {rate:g} creates/s",
+                f"{_delta(p50)} ms ({fmt_ms(percentile(guard, 0.5))} vs {fmt_ms(percentile(base, 0.5))} ms)",
+                p50 <= FLOOR_P50_MS,
+            ),
+            (
+                f"gpuguard adds ≤ {FLOOR_P99_MS:g} ms at p99 over (a), {rate:g} creates/s",
+                f"{_delta(p99)} ms ({fmt_ms(percentile(guard, 0.99))} vs {fmt_ms(percentile(base, 0.99))} ms)",
+                p99 <= FLOOR_P99_MS,
+            ),
+        ]
+    checks.append(
         (
             "No create fails (every scenario, rate and saturation run)",
             f"{errors} failed of {creates:,}; webhook calls failed open: {fail_open:.0f}",
             errors == 0 and fail_open == 0,
-        ),
-    ]
-    map_p50, map_p99 = _added_ms(results, "c", "a", rate)
-    native_p50, native_p99 = _added_ms(results, "n", "a", rate)
-    for quantile, native, by_map in (("p50", native_p50, map_p50), ("p99", native_p99, map_p99)):
-        checks.append(
-            (
-                f"native adds ≤ (c) + {NATIVE_OVER_MAP - 1:.0%} at {quantile} over (a), {rate:g} creates/s",
-                f"{_delta(native)} ms vs (c) {_delta(by_map)} ms",
-                native <= by_map * NATIVE_OVER_MAP,
-            )
         )
+    )
+    if {"c", "n"} <= ran:
+        map_p50, map_p99 = _added_ms(results, "c", "a", rate)
+        native_p50, native_p99 = _added_ms(results, "n", "a", rate)
+        for quantile, native, by_map in (("p50", native_p50, map_p50), ("p99", native_p99, map_p99)):
+            checks.append(
+                (
+                    f"native adds ≤ (c) + {NATIVE_OVER_MAP - 1:.0%} at {quantile} over (a), {rate:g} creates/s",
+                    f"{_delta(native)} ms vs (c) {_delta(by_map)} ms",
+                    native <= by_map * NATIVE_OVER_MAP,
+                )
+            )
     for extension in results.extensions:
         if extension.mutates:
-            ok, why = results.mutations.verdict(extension, "b")
+            ok, why = results.mutations.verdict(extension, "b" if "b" in ran else None)
             checks.append((f"{extension.label} mutates the created pods", why, ok))
     return checks
 
@@ -1176,6 +1214,8 @@ def report(results: Results, command: str) -> str:
 
 def webhook_share(results: Results) -> list[str]:
     """Splits what (b) adds into what any two webhooks cost on this machine, scenario (e), and the rest."""
+    if not {"b", "e"} <= {extension.key for extension in results.extensions}:
+        return []
     rate = _floor_rate(results)
     any_p50, any_p99 = _added_ms(results, "e", "a", rate)
     own_p50, own_p99 = _added_ms(results, "b", "e", rate)
@@ -1198,6 +1238,18 @@ def _histogram_label(name: str) -> str:
     kind, _, subject = name.partition(" ")
     metric = webhook_series(subject).metric if kind == "webhook" else policy_check(subject).metric
     return f"`{metric}` {subject}"
+
+
+SCENARIOS = ("a", "b", "c", "n", "h", "e")
+
+
+def _scenarios(text: str) -> set[str]:
+    chosen = {part for part in text.split(",") if part} | {"a"}
+    if chosen - set(SCENARIOS):
+        raise argparse.ArgumentTypeError(f"scenarios are {', '.join(SCENARIOS)}, not {text!r}")
+    if "h" in chosen and "b" not in chosen:
+        raise argparse.ArgumentTypeError("(h) copies (b)'s webhooks: run b with it")
+    return chosen
 
 
 def _rates(text: str) -> list[float]:
@@ -1234,6 +1286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--kyverno",
         type=Path,
         help="add scenario (d): Kyverno from this bench/kyverno/build.sh folder (bench/run --with-kyverno)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=_scenarios,
+        default=",".join(SCENARIOS),
+        help=f"which to run, (a) always, (h) only with (b) (default {','.join(SCENARIOS)};"
+        " (d) comes with --kyverno)",
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("admission-results.md"))
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")

@@ -9,6 +9,7 @@ from webhook.policy.nativecel import (
     SPEC_PATH,
     TEMPLATE_RESOURCES,
     Cel,
+    all_of,
     cel_map,
     field_or,
     glob_regex,
@@ -179,13 +180,18 @@ def driver_compatibility_check(policy: Policy, cel: Cel) -> JSON:
     return validating_policy(
         policy_name("driverCompatibility"),
         {"": ["pods"], **TEMPLATE_RESOURCES},
+        # Most workloads state no minimum: that test first.
         [
-            NOT_AN_EXEMPT_POD,
             {
-                "name": "accelerator-workload",
-                "expression": f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",
-            },
-            *now.could_state(),
+                "name": "an-accelerator-workload-that-may-state-a-minimum",
+                "expression": all_of(
+                    [
+                        *(condition["expression"] for condition in now.could_state()),
+                        NOT_AN_EXEMPT_POD["expression"],
+                        f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",
+                    ]
+                ),
+            }
         ],
         [
             {"name": "minima", "expression": now.minima},

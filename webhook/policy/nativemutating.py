@@ -3,6 +3,7 @@ JSON Patch with the marks the webhook writes (`gpuguard.io/rules`, the policy ha
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from webhook.policy.engine import POLICY_ANNOTATION, RULES_ANNOTATION
@@ -18,6 +19,7 @@ from webhook.policy.nativecel import (
     SPEC_PATH,
     TEMPLATE_RESOURCES,
     Cel,
+    all_of,
     cel_map,
     controlled_by,
     field_or,
@@ -105,9 +107,20 @@ def mutating_policy(
     pods: bool = True,
     conditions: Sequence[JSON] = (),
 ) -> JSON:
-    """The MAP of one rule: its variables end in `edits`, applied with the marks when there are any."""
+    """The MAP of one rule: its variables end in `edits`, applied with the marks. It matches only what it
+    changes: the API server encodes, patches, decodes and defaults the object for every mutation it
+    runs, even one that patches nothing, and then runs every mutating plugin again; a rule with nothing
+    left to do is kept out by its match condition instead, in the reinvocation too. `conditions` are the
+    rule's own, tested before the accelerator test."""
     groups = {"": ["pods"], **TEMPLATE_RESOURCES} if pods else {"batch": TEMPLATE_RESOURCES["batch"]}
-    changes = {"name": "changes", "expression": _with_marks("variables.edits", rule, policy)}
+    data = [{"name": v["name"], "expression": _as_data(v["expression"])} for v in variables]
+    changes = {"name": "changes", "expression": _as_data(f"variables.edits + {_marks(rule, policy)}")}
+    tests = [
+        *_not_skipped(policy, pods),
+        *(condition["expression"] for condition in conditions),
+        f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",
+        _bound(data, "size(variables.edits) > 0"),
+    ]
     return {
         "apiVersion": API_VERSION,
         "kind": "MutatingAdmissionPolicy",
@@ -119,44 +132,39 @@ def mutating_policy(
             # and needed when that mutation adds what a rule looks at.
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {"resourceRules": resource_rules(groups, ["CREATE"])},
-            "matchConditions": [*_mutation_conditions(policy, cel, pods=pods), *conditions],
-            "variables": [
-                {"name": v["name"], "expression": _as_data(v["expression"])} for v in [*variables, changes]
-            ],
+            "matchConditions": [{"name": CHANGES_AN_ACCELERATOR_WORKLOAD, "expression": all_of(tests)}],
+            "variables": [*data, changes],
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _AS_PATCHES}}],
         },
     }
 
 
-def _mutation_conditions(policy: Policy, cel: Cel, pods: bool) -> list[JSON]:
+CHANGES_AN_ACCELERATOR_WORKLOAD = "changes-an-accelerator-workload"
+_BOUND = "bound_"  # a variable's name in a match condition, where `variables` is undeclared
+
+
+def _bound(variables: list[JSON], expression: str) -> str:
+    """`expression` with the variables it reads bound in turn, for a match condition (which sees no
+    `variables`): a one-element comprehension evaluates each once, as the API server evaluates a
+    variable, where writing each out wherever it is read would evaluate it again every time."""
+    for variable in reversed(variables):
+        expression = f"[{variable['expression']}].all({_BOUND}{variable['name']}, {expression})"
+    return re.sub(r"\bvariables\.(\w+)", rf"{_BOUND}\1", expression)
+
+
+def _not_skipped(policy: Policy, pods: bool) -> list[str]:
     """engine._mutation_skip_reason: DaemonSet, Job and mirror pods pass by, and objects made from the
-    template of a kind gpuguard mutates whole; only accelerator workloads."""
-    conditions = []
+    template of a kind gpuguard mutates whole."""
+    tests = []
     if pods:
-        conditions.append(
-            {
-                "name": "not-daemonset-job-or-mirror-pod",
-                "expression": f"request.kind.kind != 'Pod' || !({controlled_by('object', ['DaemonSet', 'Job'])}"
-                f" || {mirror('object')})",
-            }
+        tests.append(
+            f"request.kind.kind != 'Pod' || !({controlled_by('object', ['DaemonSet', 'Job'])} || {mirror('object')})"
         )
     # A JobSet's Jobs, a LeaderWorkerSet's StatefulSets: made from templates mutated with their owner
     # (kinds.Registry.owns_templates_of; the webhook alone handles those owners' kinds).
     owners = [kind.kind for kind in policy.workload_kinds.kinds if not kind.core]
-    conditions.append(
-        {
-            "name": "not-made-from-a-group-template",
-            "expression": f"request.kind.kind == 'Pod' || !{controlled_by('object', owners)}",
-        }
-    )
-    conditions.append(
-        {"name": "accelerator-workload", "expression": f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})"}
-    )
-    return conditions
-
-
-def _with_marks(changes: str, rule: RuleId, policy: Policy) -> str:
-    return f"size({changes}) > 0 ? {changes} + {_marks(rule, policy)} : []"
+    tests.append(f"request.kind.kind == 'Pod' || !{controlled_by('object', owners)}")
+    return tests
 
 
 def _tolerates(toleration: str, key: str) -> str:
