@@ -48,7 +48,6 @@ POLICY_CONFIGMAP = "gpuguard-policy"
 CONFIGURATION = "gpuguard"  # both webhook configurations
 CONFIGURATION_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 CONTROLLERS = "gpuguard-controllers"  # their ServiceAccount, ClusterRole and ClusterRoleBinding
-NODE_AGENT_POLICY = "gpuguard-node-agent"  # the admission policy binding the node agent to its node
 ENDPOINTS = {"mutatingwebhookconfiguration": "/mutate", "validatingwebhookconfiguration": "/validate"}
 
 
@@ -76,9 +75,9 @@ def deployed(
     """The kustomization at `directory` (deploy/ or a copy), whose objects are `rendered`, applied for real
     after a server-side dry run; yields the dry run's output. On exit it removes what would reach into
     the rest of the suite: the webhook configurations first (they may point at replicas already
-    stopped), the webhook's and the controllers' cluster roles and bindings, the node agent's admission
-    policy, and `namespace` (which never finishes deleting here, with no garbage collector).
-    PriorityClasses stay: the rest of the suite uses gpu-workload."""
+    stopped), every other cluster-wide object it rendered (cluster roles and bindings, the node agent's
+    admission policy), and `namespace` (which never finishes deleting here, with no garbage
+    collector). PriorityClasses stay: the rest of the suite uses gpu-workload."""
     # A dry run creates nothing, not even the namespace the other objects need: create that first.
     plane.kubectl("apply", "-f", "-", input=json.dumps(namespaces_of(rendered)))
     try:
@@ -89,21 +88,15 @@ def deployed(
         plane.kubectl(
             "delete", ",".join(CONFIGURATION_KINDS), CONFIGURATION, "--ignore-not-found", check=False
         )
-        plane.kubectl(
-            "delete",
-            "clusterrolebinding,clusterrole",
-            "gpuguard",
-            CONTROLLERS,
-            "--ignore-not-found",
-            check=False,
-        )
-        plane.kubectl(
-            "delete",
-            "validatingadmissionpolicybinding,validatingadmissionpolicy",
-            NODE_AGENT_POLICY,
-            "--ignore-not-found",
-            check=False,
-        )
+        cluster_wide = [
+            f"{item['kind'].lower()}/{item['metadata']['name']}"
+            for item in rendered
+            if "namespace" not in item["metadata"]
+            and item["kind"] not in ("Namespace", "PriorityClass")
+            and item["kind"].lower() not in CONFIGURATION_KINDS
+        ]
+        if cluster_wide:
+            plane.kubectl("delete", *cluster_wide, "--ignore-not-found", check=False)
         plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
