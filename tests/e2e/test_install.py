@@ -11,11 +11,9 @@ import itertools
 import json
 import secrets
 import subprocess
-import threading
 import time
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from tests.harness.install import (
     SECRET,
     SERVICE_ACCOUNT,
     Replica,
+    Stream,
     ca_bundles,
     deployed,
     find,
@@ -47,6 +46,7 @@ from tests.harness.install import (
     run_gpuguard,
     secret_exists,
     service_account_kubeconfig,
+    submit_dry_run,
     wait_for,
 )
 from webhook import cli
@@ -787,12 +787,6 @@ def routed(control_plane: ControlPlane, replicas: tuple[Replica, Replica]) -> It
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def submit_dry_run(plane: ControlPlane, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return plane.kubectl(
-        "apply", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(obj), check=False
-    )
-
-
 def _owned_by(pod: dict[str, Any], kind: str, api_version: str) -> dict[str, Any]:
     pod["metadata"]["ownerReferences"] = [
         {"apiVersion": api_version, "kind": kind, "name": "owner", "uid": "0b1d", "controller": True}
@@ -890,49 +884,6 @@ def test_api_server_calls_gpuguard_only_for_what_its_rules_act_on(
     if case == "gpu-pod":
         assert result.returncode == 0, result.stderr
         assert gpuguard_annotations(json.loads(result.stdout))
-
-
-@dataclass(frozen=True)
-class Outcome:
-    at: float
-    ok: bool
-    detail: str
-
-
-class Stream:
-    """GPU pods sent with `kubectl apply --dry-run=server`, one after another, until stopped (or a count
-    or time bound is hit); each outcome is ok when the pod came back admitted and mutated by gpuguard."""
-
-    def __init__(
-        self, plane: ControlPlane, namespace: str, *, max_count: int = 1500, max_seconds: float = 600
-    ) -> None:
-        self.plane = plane
-        self.namespace = namespace
-        self.max_count = max_count
-        self.max_seconds = max_seconds
-        self.outcomes: list[Outcome] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        started = time.monotonic()
-        for index in range(self.max_count):
-            if self.stop.is_set() or time.monotonic() - started > self.max_seconds:
-                return
-            result = submit_dry_run(self.plane, gpu_pod(f"stream-{index}", self.namespace))
-            mutated = result.returncode == 0 and bool(gpuguard_annotations(json.loads(result.stdout)))
-            self.outcomes.append(Outcome(time.monotonic(), mutated, result.stderr.strip()))
-
-    def __enter__(self) -> Stream:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=60)
-
-    def count_after(self, moment: float) -> int:
-        return sum(1 for outcome in list(self.outcomes) if outcome.at > moment)
 
 
 def test_forced_rotation_under_a_steady_stream_loses_no_request(

@@ -142,13 +142,16 @@ def wait_until(
         time.sleep(POLL_INTERVAL)
 
 
-def http_get(port: int, path: str, context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
-    """One GET on loopback; connection errors read as status 0. http.client never consults proxies."""
+def http_get(
+    port: int, path: str, context: ssl.SSLContext | None = None, host: str = LOOPBACK
+) -> tuple[int, bytes]:
+    """One GET, on loopback unless told; connection errors read as status 0. http.client never
+    consults proxies."""
     conn: http.client.HTTPConnection
     if context is None:
-        conn = http.client.HTTPConnection(LOOPBACK, port, timeout=5)
+        conn = http.client.HTTPConnection(host, port, timeout=5)
     else:
-        conn = http.client.HTTPSConnection(LOOPBACK, port, timeout=5, context=context)
+        conn = http.client.HTTPSConnection(host, port, timeout=5, context=context)
     try:
         conn.request("GET", path)
         response = conn.getresponse()
@@ -171,11 +174,12 @@ class Pki:
     sa_private: Path
 
     @classmethod
-    def create(cls, directory: Path) -> Pki:
+    def create(cls, directory: Path, serving_sans: Sequence[str] = ()) -> Pki:
+        """`serving_sans`: names and addresses the API server is reached by besides loopback."""
         directory.mkdir(parents=True, exist_ok=True)
         ca = tls.new_ca("gpuguard-e2e-ca")
         # One CA both signs the serving cert and authenticates clients (--client-ca-file); tests only.
-        serving = tls.issue(ca, "kube-apiserver", sans=["127.0.0.1", "localhost"])
+        serving = tls.issue(ca, "kube-apiserver", sans=["127.0.0.1", "localhost", *serving_sans])
         admin = tls.issue(ca, ADMIN_USER, organizations=["system:masters"], usage="client")
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         files = {
@@ -281,15 +285,24 @@ class ControlPlane:
     """Running etcd + kube-apiserver. Use `ControlPlane.start(...)`, then `stop()` (or `with`).
 
     `apiserver_flags` override or add kube-apiserver flags by name (without the dashes), for
-    example `{"authorization-mode": "Node,RBAC"}`.
+    example `{"authorization-mode": "Node,RBAC"}`. `address` is the one the API server binds and
+    advertises (loopback unless a tier gives it one its pods can reach, see node.TierNetwork);
+    `serving_sans` are further names its serving certificate holds (a Service's ClusterIP).
     """
 
     def __init__(
-        self, bin_dir: Path, workdir: Path, apiserver_flags: Mapping[str, str] | None = None
+        self,
+        bin_dir: Path,
+        workdir: Path,
+        apiserver_flags: Mapping[str, str] | None = None,
+        *,
+        address: str = LOOPBACK,
+        serving_sans: Sequence[str] = (),
     ) -> None:
         self.bin_dir = bin_dir
         self.workdir = workdir
         self.apiserver_flags = dict(apiserver_flags or {})
+        self.address = address
         self.kubeconfig = workdir / "kubeconfig"
         self.kube_cache = workdir / "kube-cache"
         self.apiserver_log = workdir / "apiserver.log"
@@ -301,7 +314,7 @@ class ControlPlane:
         self.startup_seconds = 0.0
         self.history: collections.deque[KubectlCall] = collections.deque(maxlen=6)
         self.etcd_port, self.etcd_peer_port, self.port = free_ports(3)
-        self.pki = Pki.create(workdir / "pki")
+        self.pki = Pki.create(workdir / "pki", [address, *serving_sans])
         self._processes: list[Process] = []
 
     @classmethod
@@ -312,8 +325,10 @@ class ControlPlane:
         timeout: float = 120.0,
         *,
         apiserver_flags: Mapping[str, str] | None = None,
+        address: str = LOOPBACK,
+        serving_sans: Sequence[str] = (),
     ) -> ControlPlane:
-        plane = cls(bin_dir, workdir, apiserver_flags)
+        plane = cls(bin_dir, workdir, apiserver_flags, address=address, serving_sans=serving_sans)
         try:
             plane._start(timeout)
         except BaseException:  # includes KeyboardInterrupt: never leave half a control plane running
@@ -333,12 +348,13 @@ class ControlPlane:
         # /readyz with admin credentials: anonymous requests may be refused until RBAC bootstrap is done.
         context = self.pki.admin_context()
         wait_until(
-            lambda: http_get(self.port, "/readyz", context)[0] == 200,
+            lambda: http_get(self.port, "/readyz", context, self.address)[0] == 200,
             timeout=timeout,
             what="kube-apiserver /readyz",
             process=apiserver,
         )
-        self.version = str(json.loads(http_get(self.port, "/version", context)[1])["gitVersion"])
+        version = http_get(self.port, "/version", context, self.address)[1]
+        self.version = str(json.loads(version)["gitVersion"])
         self.startup_seconds = time.monotonic() - begin
 
     def _start_etcd(self) -> Process:
@@ -361,21 +377,25 @@ class ControlPlane:
         pki = self.pki
         flags = {
             "etcd-servers": f"http://{LOOPBACK}:{self.etcd_port}",
-            "bind-address": LOOPBACK,
+            "bind-address": self.address,
             "secure-port": str(self.port),
             # Without a default route the apiserver can't guess an address; a loopback one is rejected
             # by the endpoint reconciler (k8s#28723, #138102), so turn reconciling off.
-            "advertise-address": LOOPBACK,
+            "advertise-address": self.address,
             "endpoint-reconciler-type": "none",
             "cert-dir": str(self.workdir / "pki"),
             "tls-cert-file": str(pki.serving_cert),
             "tls-private-key-file": str(pki.serving_key),
             "client-ca-file": str(pki.ca),
             "authorization-mode": "RBAC",
-            "service-account-issuer": f"https://{LOOPBACK}:{self.port}",
+            "service-account-issuer": f"https://{self.address}:{self.port}",
             "service-account-key-file": str(pki.sa_public),
             "service-account-signing-key-file": str(pki.sa_private),
             "service-cluster-ip-range": "10.0.0.0/24",
+            # Its calls to kubelets (`kubectl logs`) at their Nodes' addresses, as the admin.
+            "kubelet-preferred-address-types": "InternalIP",
+            "kubelet-client-certificate": str(pki.admin_cert),
+            "kubelet-client-key": str(pki.admin_key),
             "allow-privileged": "true",
             # Without kube-controller-manager no namespace gets a `default` ServiceAccount, and this
             # plugin would reject every pod before the webhooks run.
@@ -472,7 +492,7 @@ class ControlPlane:
                 {
                     "name": "e2e",
                     "cluster": {
-                        "server": f"https://{LOOPBACK}:{self.port}",
+                        "server": f"https://{self.address}:{self.port}",
                         "certificate-authority-data": b64(self.pki.ca),
                     },
                 }

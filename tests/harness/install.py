@@ -13,8 +13,11 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ import yaml
 from cryptography import x509
 
 from tests.harness import REPO_ROOT
-from tests.harness.admission import metric_samples
+from tests.harness.admission import gpu_pod, gpuguard_annotations, metric_samples
 from tests.harness.controlplane import (
     LOOPBACK,
     ControlPlane,
@@ -290,6 +293,55 @@ def _gpuguard_env() -> dict[str, str]:
     env = {k: v for k, v in without_proxies().items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
     env["PYTHONPATH"] = f"{REPO_ROOT}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO_ROOT)
     return env
+
+
+def submit_dry_run(plane: ControlPlane, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return plane.kubectl(
+        "apply", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(obj), check=False
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    at: float
+    ok: bool
+    detail: str
+
+
+class Stream:
+    """GPU pods sent with `kubectl apply --dry-run=server`, one after another, until stopped (or a count
+    or time bound is hit); each outcome is ok when the pod came back admitted and mutated by gpuguard."""
+
+    def __init__(
+        self, plane: ControlPlane, namespace: str, *, max_count: int = 1500, max_seconds: float = 600
+    ) -> None:
+        self.plane = plane
+        self.namespace = namespace
+        self.max_count = max_count
+        self.max_seconds = max_seconds
+        self.outcomes: list[Outcome] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        for index in range(self.max_count):
+            if self.stop.is_set() or time.monotonic() - started > self.max_seconds:
+                return
+            result = submit_dry_run(self.plane, gpu_pod(f"stream-{index}", self.namespace))
+            mutated = result.returncode == 0 and bool(gpuguard_annotations(json.loads(result.stdout)))
+            self.outcomes.append(Outcome(time.monotonic(), mutated, result.stderr.strip()))
+
+    def __enter__(self) -> Stream:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+    def count_after(self, moment: float) -> int:
+        return sum(1 for outcome in list(self.outcomes) if outcome.at > moment)
 
 
 # The Policy WG's PolicyReport CRDs (gpuguard installs none; the audit's tests do).

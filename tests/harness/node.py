@@ -5,9 +5,15 @@ Isolation from the host. Inside the mount namespace, folders of the node's work 
 over /var/lib, /var/log and /run (the kubelet hard-codes /var/lib/kubelet/device-plugins,
 /var/log/pods and paths under /run), and the kernel tunables the kubelet would otherwise rewrite
 host-wide (vm.overcommit_memory, kernel.panic, ...) are bound over with files holding the values it
-wants. The pods' network is a CNI plugin of the node's own that gives each pod an eth0 which leads
-nowhere (a veth pair with both ends in the pod's network namespace), so nothing is created in the
-host's network namespace and no traffic leaves the pods.
+wants.
+
+The pod network (TierNetwork). The whole tier (etcd, the API server and its controllers, the kubelets,
+containerd, gpuguard's processes and the test process itself) runs in a network namespace of its own,
+entered once every build that needs the registries has run. In it a Linux bridge holds the gateway
+address, the API server binds it, and each node's pods get addresses on the bridge from the reference
+CNI `bridge` plugin with `host-local` IPAM, each node its own range of one subnet: every pod and the
+tier share one L2, so nothing is forwarded (ip_forward stays 0) and the host's network namespace gets
+no interface, route or rule.
 
 Teardown and crash recovery. containerd, its shims, the kubelet and every container live under
 the cgroup `gpuguard-node-<pid of the test session>-<node>` (the kubelet's cgroupRoot), so stopping
@@ -20,6 +26,7 @@ session reclaims every such tree whose session is gone (`reclaim_leftovers`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import json
 import os
@@ -27,6 +34,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -75,34 +83,13 @@ exec "$@"
 """
 # Joins a cgroup, then runs the rest of its command line: $1 the cgroup.procs file.
 JOIN_CGROUP = 'echo $$ > "$1"; shift; exec "$@"'
-# The node's CNI plugin (see the module docstring). IPs come from a counter under a lock, so each
-# pod of the node has its own; @STATE@ and @PREFIX@ are filled in per node.
-CNI_PLUGIN = r"""#!/bin/sh
-set -eu
-cat > /dev/null
-case "$CNI_COMMAND" in
-ADD)
-  exec 9>> "@STATE@/lock"
-  flock 9
-  n=$(( $(cat "@STATE@/last" 2> /dev/null || echo 0) + 1 ))
-  echo "$n" > "@STATE@/last"
-  address="@PREFIX@.$(( n / 250 )).$(( n % 250 + 2 ))"
-  nsenter --net="$CNI_NETNS" sh -c "
-    ip link add $CNI_IFNAME type veth peer name nowhere0 &&
-    ip addr add $address/16 dev $CNI_IFNAME &&
-    ip link set nowhere0 up && ip link set $CNI_IFNAME up" >&2
-  printf '{"cniVersion":"1.0.0","interfaces":[{"name":"%s","sandbox":"%s"}],"ips":[{"address":"%s/16","interface":0}]}' \
-    "$CNI_IFNAME" "$CNI_NETNS" "$address"
-  ;;
-VERSION)
-  printf '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]}'
-  ;;
-*)
-  # DEL, CHECK, GC, STATUS: the interfaces go with the pod's network namespace.
-  ;;
-esac
-"""
-CNI_PLUGIN_NAME = "gpuguard-nowhere"
+# The pod network (TierNetwork): one subnet, the bridge's gateway address in it, a range per node.
+BRIDGE = "gpuguard0"
+POD_SUBNET = "10.244.0.0/16"
+GATEWAY = "10.244.0.1"
+# The first address of kube-apiserver's --service-cluster-ip-range: the `kubernetes` Service's ClusterIP.
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+CLONE_NEWNET = 0x40000000
 # Where a kubelet and containerd write by default: on the host, they must stay as they were.
 HOST_PATHS = (
     "/var/lib/kubelet",
@@ -120,7 +107,7 @@ def node_tier_unavailable() -> str | None:
     """Why a node cannot run on this machine, or None when it can."""
     if os.geteuid() != 0:
         return "needs root: the kubelet and containerd create cgroups, mounts and namespaces"
-    for tool in ("unshare", "nsenter", "flock", "ip", "go"):
+    for tool in ("unshare", "nsenter", "flock", "ip", "iptables", "go"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed"
     if shutil.which("apt-get") is None and not (RUNC.exists() and (CNI_PLUGINS / "loopback").exists()):
@@ -133,20 +120,88 @@ def node_tier_unavailable() -> str | None:
     return None
 
 
-def host_state() -> dict[str, Any]:
+def host_state(network: TierNetwork | None = None) -> dict[str, Any]:
     """What the nodes must leave alone on the host: the default paths of a kubelet and containerd,
     the kernel tunables the kubelet sets (and ip_forward, which CNI bridges turn on), the host's
-    network interfaces, and its mount points."""
+    network interfaces, and its mount points. Inside the tier's `network`, the network's are read in
+    the host's namespace (in the tier's, /proc/sys/net and /proc/net show the tier's)."""
     mount_points = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    read = ["cat", "/proc/sys/net/ipv4/ip_forward", "/proc/net/dev"]
+    host = network.host_namespace if network is not None else None
+    if host is not None:
+        read = ["nsenter", f"--net=/proc/self/fd/{host}", "--", *read]
+    lines = subprocess.run(
+        read, capture_output=True, text=True, check=True, pass_fds=() if host is None else (host,)
+    ).stdout.splitlines()
     return {
         "paths": {path: Path(path).exists() for path in HOST_PATHS},
         "sysctls": {
-            tunable: Path("/proc/sys", tunable).read_text().strip()
-            for tunable in [*KUBELET_SYSCTLS, "net/ipv4/ip_forward"]
+            **{tunable: Path("/proc/sys", tunable).read_text().strip() for tunable in KUBELET_SYSCTLS},
+            "net/ipv4/ip_forward": lines[0].strip(),
         },
-        "interfaces": sorted(os.listdir("/sys/class/net")),
+        # /proc/net/dev: two lines of headings, then `name: counters` for each interface.
+        "interfaces": sorted(line.split(":")[0].strip() for line in lines[3:]),
         "mounts": sorted(mount_points),
     }
+
+
+def _in_network_namespace(call: str, *args: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, call)(*args) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{call}: {os.strerror(errno)}")
+
+
+@dataclass
+class TierNetwork:
+    """The tier's own network namespace (see the module docstring). `enter()` moves the calling thread,
+    and so every process it starts from then on, into a new one with loopback up and the pods' bridge
+    holding GATEWAY; `leave()` moves it back, and the namespace, bridge and rules go with their last
+    process. Enter from the main thread after every build that needs the registries: nothing in it
+    reaches beyond the tier.
+
+    Pods reach the API server at the `kubernetes` Service's ClusterIP (the kubelet sets
+    KUBERNETES_SERVICE_HOST) through one DNAT rule (`route_kubernetes_service`), not a kube-proxy: the
+    only Service a pod here dials is that one, since the API server calls webhook Services at their
+    endpoints (--enable-aggregator-routing), and one rule needs no binary more to build and run and no
+    conntrack tunables, which are host-wide."""
+
+    # The namespace to go back to, open while the tier is in its own (a file descriptor).
+    host_namespace: int | None = field(default=None, init=False)
+
+    def enter(self) -> None:
+        # unshare moves the calling thread only: the main thread starts the tier's processes and threads.
+        assert threading.current_thread() is threading.main_thread(), (
+            "enter the tier's network from the main thread"
+        )
+        self.host_namespace = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        _in_network_namespace("unshare", CLONE_NEWNET)
+        for command in (
+            ["ip", "link", "set", "lo", "up"],
+            ["ip", "link", "add", BRIDGE, "type", "bridge"],
+            ["ip", "addr", "add", f"{GATEWAY}/{POD_SUBNET.split('/')[1]}", "dev", BRIDGE],
+            ["ip", "link", "set", BRIDGE, "up"],
+        ):
+            subprocess.run(command, check=True, capture_output=True, text=True)
+
+    def route_kubernetes_service(self, apiserver_port: int) -> None:
+        """The `kubernetes` Service (KUBERNETES_SERVICE_IP:443) to the API server, for the pods."""
+        subprocess.run(
+            [
+                "iptables", "-t", "nat", "-A", "PREROUTING",
+                "-d", f"{KUBERNETES_SERVICE_IP}/32", "-p", "tcp", "--dport", "443",
+                "-j", "DNAT", "--to-destination", f"{GATEWAY}:{apiserver_port}",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+
+    def leave(self) -> None:
+        if self.host_namespace is not None:
+            _in_network_namespace("setns", self.host_namespace, CLONE_NEWNET)
+            os.close(self.host_namespace)
+            self.host_namespace = None
 
 
 def cgroup_hierarchies() -> list[Path]:
@@ -255,7 +310,8 @@ class NodeBinaries:
 class Node:
     """One node: `start()` brings containerd up with the test images, then the kubelet, and waits
     until the Node is Ready. `stop_kubelet()`/`start_kubelet()` take the kubelet alone away and
-    back (its pods keep running under containerd); `stop()` tears everything down."""
+    back (its pods keep running under containerd); `stop()` tears everything down. Started inside the
+    tier's network (TierNetwork entered), whose bridge its pods join."""
 
     name: str
     index: int  # distinguishes the pods' addresses between nodes
@@ -318,28 +374,40 @@ class Node:
 
     def _prepare(self) -> None:
         w = self.workdir
-        for folder in ("var-lib", "var-log", "run", "cni/conf", "cni/bin", "cni/state", "volume-plugins"):
+        for folder in ("var-lib", "var-log", "run", "cni/conf", "cni/state", "volume-plugins"):
             (w / folder).mkdir(parents=True, exist_ok=True)
         for tunable, value in KUBELET_SYSCTLS.items():
             path = w / "sysctl" / tunable
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f"{value}\n")
-        plugin = w / "cni" / "bin" / CNI_PLUGIN_NAME
-        plugin.write_text(
-            CNI_PLUGIN.replace("@STATE@", str(w / "cni" / "state")).replace(
-                "@PREFIX@", f"10.{100 + self.index}"
-            )
-        )
-        plugin.chmod(0o755)
-        network = {"cniVersion": "1.0.0", "name": "gpuguard-nowhere", "plugins": [{"type": CNI_PLUGIN_NAME}]}
-        (w / "cni" / "conf" / "10-gpuguard-nowhere.conflist").write_text(json.dumps(network))
+        (w / "cni" / "conf" / "10-gpuguard-pods.conflist").write_text(json.dumps(self._pod_network()))
         (w / "containerd.toml").write_text(self._containerd_config())
         cert, key = self.plane.pki.issue_client(f"system:node:{self.name}", ["system:nodes"])
         self.plane.write_kubeconfig(w / "kubeconfig", f"system:node:{self.name}", cert, key)
         (w / "kubelet.yaml").write_text(json.dumps(self._kubelet_config(), indent=2))
 
+    def _pod_network(self) -> dict[str, Any]:
+        """The reference `bridge` plugin on the tier's bridge (which already holds the gateway: the
+        plugin neither adds it nor turns on forwarding), `host-local` addresses from this node's range."""
+        third = self.index + 1  # 10.244.<third>.0/24 of POD_SUBNET: GATEWAY's 10.244.0.0/24 is no node's
+        prefix = GATEWAY.rsplit(".", 2)[0]
+        addresses = {
+            "subnet": POD_SUBNET,
+            "rangeStart": f"{prefix}.{third}.1",
+            "rangeEnd": f"{prefix}.{third}.254",
+            "gateway": GATEWAY,
+        }
+        ipam = {
+            "type": "host-local",
+            "ranges": [[addresses]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": str(self.workdir / "cni" / "state"),
+        }
+        bridge = {"type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False, "ipam": ipam}
+        return {"cniVersion": "1.0.0", "name": "gpuguard-pods", "plugins": [bridge]}
+
     def _containerd_config(self) -> str:
-        cni_bins = json.dumps([str(self.workdir / "cni" / "bin"), str(CNI_PLUGINS)])
+        cni_bins = json.dumps([str(CNI_PLUGINS)])
         # root, state and socket keep containerd's defaults: /var/lib and /run are the node's own.
         return f"""version = 3
 root = "/var/lib/containerd"
@@ -379,7 +447,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            "address": GATEWAY,  # where the API server finds it (the Node's address: --node-ip)
             "port": self.kubelet_port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -466,6 +534,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             f"--config={self.workdir / 'kubelet.yaml'}",
             f"--kubeconfig={self.workdir / 'kubeconfig'}",
             f"--hostname-override={self.name}",
+            f"--node-ip={GATEWAY}",
             f"--node-labels={','.join(f'{k}={v}' for k, v in self.labels.items())}",
             "--v=2",
         ]

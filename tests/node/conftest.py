@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import secrets
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pytest
 
 from tests.harness import REPO_ROOT
 from tests.harness.admission import (
+    OWNER_LABEL,
     WebhookProcess,
     default_priority_classes,
     install_priority_classes,
@@ -26,6 +28,7 @@ from tests.harness.admission import (
     unregister,
     wait_until_called,
 )
+from tests.harness.chart import Helm, build_helm
 from tests.harness.controllers import (
     NAMESPACE,
     ControllersProcess,
@@ -40,7 +43,16 @@ from tests.harness.controlplane import CONTROLLERS, ControlPlane, log_tail
 from tests.harness.device_plugin import HEALTHY, FakeDevicePlugin
 from tests.harness.images import build_images
 from tests.harness.kubelet_api import KubeletApis, compile_apis
-from tests.harness.node import Node, NodeBinaries, host_state, node_tier_unavailable, reclaim_leftovers
+from tests.harness.node import (
+    GATEWAY,
+    KUBERNETES_SERVICE_IP,
+    Node,
+    NodeBinaries,
+    TierNetwork,
+    host_state,
+    node_tier_unavailable,
+    reclaim_leftovers,
+)
 from tests.harness.responders import (
     AGENT_CONFIRM_SECONDS,
     AGENT_INTERVAL_SECONDS,
@@ -61,12 +73,17 @@ from tests.harness.session import (
 )
 from tests.harness.suite import add_summary, summary_fixture, summary_lines
 from tests.harness.workloads import GPU, allocatable, delete_all_pods
+from webhook import __version__
 from webhook.policy.health import observed
 
 HERE = Path(__file__).resolve().parent
 RUNTIME_BUILD_SCRIPT = REPO_ROOT / "tests" / "controlplane" / "runtime" / "build.sh"
+IMAGE_BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-image"
+# What the `kubernetes` Service's ClusterIP is called in the API server's serving certificate, besides it.
+KUBERNETES_SERVICE_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc")
 CACHE = REPO_ROOT / ".cache"
 TIER = "node tier"
+IMAGE = f"gpuguard:{__version__}"  # deploy/'s `image:` (kustomization images: newTag)
 CLUSTER_KEY = pytest.StashKey["NodeCluster"]()
 NODE_NAMES = ("node-a", "node-b")
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}  # what GPU feature discovery labels a GPU node
@@ -145,16 +162,31 @@ class NodeCluster:
     plane: ControlPlane
     gpuguard: WebhookProcess
     apis: KubeletApis
+    network: TierNetwork
     host_before: dict[str, Any]  # node.host_state() before the first node started
+    # gpuguard's image built from the Dockerfile (an OCI archive), when a test of the session needs it.
+    image_archive: Path | None
+    helm_binary: Path | None  # Helm, when a test of the session needs it (`helm`)
     nodes: dict[str, Node] = field(default_factory=dict)
     plugins: dict[str, FakeDevicePlugin] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+
+
+# The modules that install gpuguard as pods, in their order: they run last, because uninstalling removes
+# deploy/'s namespaces and RBAC, which the session's `accounts` put there for gpuguard's processes.
+INSTALLING_MODULES = ("test_install.py", "test_helm.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.node)
+
+    def installing_last(item: pytest.Item) -> int:
+        installing = item.path.is_relative_to(HERE) and item.path.name in INSTALLING_MODULES
+        return 1 + INSTALLING_MODULES.index(item.path.name) if installing else 0
+
+    items.sort(key=installing_last)  # stable: everything else keeps its order
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
@@ -178,9 +210,12 @@ def pytest_runtest_makereport(
 
 
 @pytest.fixture(scope="session")
-def cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    """The node tier's cluster, shared by its tests; torn down to nothing at the end (a teardown that
-    leaves a process, cgroup, mount or socket behind fails the session)."""
+def cluster(
+    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[NodeCluster]:
+    """The node tier's cluster, shared by its tests, in the tier's own network namespace (node.TierNetwork),
+    entered once everything the session needs is built; torn down to nothing at the end (a teardown that
+    leaves a process, cgroup, mount or socket behind, or changes the host, fails the session)."""
     unavailable = node_tier_unavailable()
     if unavailable is not None:
         add_summary(pytestconfig, TIER, f"not run: {unavailable}")
@@ -192,30 +227,56 @@ def cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactor
     runtime_bin = run_build_script(pytestconfig, RUNTIME_BUILD_SCRIPT)
     apis = compile_apis(CACHE / "kubelet-api")
     images = build_images(runtime_bin, tmp_path_factory.mktemp("images"))
-    setup_seconds = time.monotonic() - begin
 
-    plane = ControlPlane.start(
-        k8s_bin,
-        tmp_path_factory.mktemp("controlplane"),
-        apiserver_flags={
-            "authorization-mode": "Node,RBAC",
-            "enable-admission-plugins": "NodeRestriction",
-            "default-not-ready-toleration-seconds": str(DEFAULT_TOLERATION_SECONDS),
-            "default-unreachable-toleration-seconds": str(DEFAULT_TOLERATION_SECONDS),
-        },
-    )
-    gpuguard = WebhookProcess(tmp_path_factory.mktemp("gpuguard"))
-    state = NodeCluster(plane, gpuguard, apis, host_state())
-    pytestconfig.stash[CLUSTER_KEY] = state
+    # Only when a test asks for it: a change to webhook/ builds the image again (minutes).
+    def needed(fixture: str) -> bool:
+        return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+    image_archive = run_build_script(pytestconfig, IMAGE_BUILD_SCRIPT) if needed("gpuguard_image") else None
+    helm_binary = build_helm() if needed("helm") else None
+    setup_seconds = time.monotonic() - begin
+    host_before = host_state()
+
+    network = TierNetwork()
+    network.enter()
     problems: list[str] = []
+    try:
+        plane = ControlPlane.start(
+            k8s_bin,
+            tmp_path_factory.mktemp("controlplane"),
+            apiserver_flags={
+                "authorization-mode": "Node,RBAC",
+                # ServiceAccount admission too (the e2e tier's control plane has it off): pods get their
+                # account's token, gpuguard's pods authenticate with it.
+                "enable-admission-plugins": "NodeRestriction,ServiceAccount",
+                "disable-admission-plugins": "",
+                # Webhook Services are called at their endpoints: no kube-proxy (node.TierNetwork).
+                "enable-aggregator-routing": "true",
+                "default-not-ready-toleration-seconds": str(DEFAULT_TOLERATION_SECONDS),
+                "default-unreachable-toleration-seconds": str(DEFAULT_TOLERATION_SECONDS),
+            },
+            address=GATEWAY,
+            serving_sans=[KUBERNETES_SERVICE_IP, *KUBERNETES_SERVICE_NAMES],
+        )
+    except BaseException:
+        network.leave()
+        raise
+    network.route_kubernetes_service(plane.port)
+    gpuguard = WebhookProcess(tmp_path_factory.mktemp("gpuguard"))
+    state = NodeCluster(plane, gpuguard, apis, network, host_before, image_archive, helm_binary)
+    pytestconfig.stash[CLUSTER_KEY] = state
     try:
         plane.start_controller_manager(
             # The device plugin's pods; DRA: claims from pods' templates, pods on NoExecute-tainted devices.
+            # Service endpoints (for the API server's calls to webhook Services) and every namespace's
+            # kube-root-ca.crt (in each pod's token volume): for gpuguard's own pods.
             controllers=(
                 *CONTROLLERS,
                 "daemonset-controller",
                 "resource-claim-controller",
                 "device-taint-eviction-controller",
+                "endpointslice-controller",
+                "root-ca-certificate-publisher-controller",
             ),
             node_monitor_period=1,
             node_monitor_grace_period=NODE_MONITOR_GRACE_SECONDS,
@@ -266,12 +327,13 @@ def cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactor
             plugin.stop()
         for node in state.nodes.values():
             problems += [f"{node.name}: {problem}" for problem in node.stop()]
-        if state.nodes and (changed := host_changes(state.host_before, host_state())):
-            problems.append(f"the host changed: {changed}")
         gpuguard.stop()
         if plane.running:
             unregister(plane)
         plane.stop()
+        network.leave()
+        if changed := host_changes(state.host_before, host_state()):
+            problems.append(f"the host changed: {changed}")
         add_summary(pytestconfig, TIER, f"teardown in {time.monotonic() - teardown_begin:.1f} s")
     assert not problems, f"the node tier's teardown left things behind: {problems}"
 
@@ -295,6 +357,38 @@ def restore_health(cluster: NodeCluster, name: str) -> None:
     node.wait_for(
         functools.partial(all_devices_allocatable, node), what=f"every GPU of {name} allocatable again"
     )
+
+
+@pytest.fixture(scope="session")
+def gpuguard_image(cluster: NodeCluster) -> str:
+    """gpuguard's image built from the Dockerfile (scripts/build-image, before the tier's network was
+    entered), imported into every node's containerd; its name as deploy/ has it."""
+    assert cluster.image_archive is not None, "built for every session with a test that asks for it"
+    for node in cluster.nodes.values():
+        node.ctr("images", "import", "--local", str(cluster.image_archive))
+    return IMAGE
+
+
+@pytest.fixture(scope="session")
+def helm(cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """Helm (built before the tier's network was entered) on the tier's API server, its homes in a test folder."""
+    assert cluster.helm_binary is not None, "built for every session with a test that asks for it"
+    return Helm(cluster.helm_binary, tmp_path_factory.mktemp("helm"), cluster.plane.kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def installed_namespace(cluster: NodeCluster) -> Iterator[str]:
+    """A namespace for workloads only gpuguard installed as pods sees: the session's own gpuguard leaves
+    it alone (admission.OWNER_LABEL)."""
+    name = f"installed-{secrets.token_hex(3)}"
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {OWNER_LABEL: "installed"}},
+    }
+    cluster.plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+    yield name
+    cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture

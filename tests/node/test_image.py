@@ -14,16 +14,14 @@ from typing import Any
 
 import pytest
 
-from tests.harness import REPO_ROOT
 from tests.harness.install import DEPLOY, find, render
-from tests.harness.session import namespace_name, run_build_script
+from tests.harness.session import namespace_name
 from tests.harness.workloads import GPU, HOSTNAME_LABEL, container_status, phase, wait_for_pod
 from webhook import __version__
 
 from .conftest import DEVICES_PER_NODE, NodeCluster
 
 NODE = "node-a"
-IMAGE = f"gpuguard:{__version__}"  # deploy/'s `image:` (kustomization images: newTag)
 AGENT_NAMESPACE = "gpuguard-node"
 # What the webhook's container sees: who it runs as, whether the root filesystem takes a write, whether
 # the in-memory certificate folder does, the CPU limit from its cgroup and the worker count
@@ -63,15 +61,6 @@ report = {"uid": int(status["Uid"].split()[0]), "effective_capabilities": int(st
           "allocatable": allocatable}
 open("/dev/termination-log", "w").write(json.dumps(report))
 """
-
-
-@pytest.fixture(scope="module")
-def image(cluster: NodeCluster, pytestconfig: pytest.Config) -> str:
-    """The image built from the Dockerfile, imported into every node's containerd."""
-    archive = run_build_script(pytestconfig, REPO_ROOT / "scripts" / "build-image")
-    for node in cluster.nodes.values():
-        node.ctr("images", "import", "--local", str(archive))
-    return IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +123,12 @@ def reported(cluster: NodeCluster, pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_webhook_pod_runs_as_deploy_says_under_pod_security_restricted(
-    cluster: NodeCluster, image: str, deploy_objects: list[dict[str, Any]], restricted_namespace: str
+    cluster: NodeCluster, gpuguard_image: str, deploy_objects: list[dict[str, Any]], restricted_namespace: str
 ) -> None:
     webhook = find(deploy_objects, "Deployment", "gpuguard")
 
     report = reported(
-        cluster, probe_pod(webhook, "webhook-probe", restricted_namespace, image, WEBHOOK_PROBE)
+        cluster, probe_pod(webhook, "webhook-probe", restricted_namespace, gpuguard_image, WEBHOOK_PROBE)
     )
 
     assert report["uid"] == report["gid"] == 65532
@@ -154,10 +143,10 @@ def test_the_webhook_pod_runs_as_deploy_says_under_pod_security_restricted(
 
 
 def test_pod_security_restricted_refuses_what_deploy_does_not_do(
-    cluster: NodeCluster, image: str, deploy_objects: list[dict[str, Any]], restricted_namespace: str
+    cluster: NodeCluster, gpuguard_image: str, deploy_objects: list[dict[str, Any]], restricted_namespace: str
 ) -> None:
     pod = probe_pod(
-        find(deploy_objects, "Deployment", "gpuguard"), "root-probe", restricted_namespace, image, ""
+        find(deploy_objects, "Deployment", "gpuguard"), "root-probe", restricted_namespace, gpuguard_image, ""
     )
     del pod["spec"]["securityContext"]["runAsNonRoot"]
     pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
@@ -180,11 +169,11 @@ def agent_namespace(cluster: NodeCluster, deploy_objects: list[dict[str, Any]]) 
 
 
 def test_the_node_agent_pod_reads_the_kubelets_pod_resources_as_uid_0_without_capabilities(
-    cluster: NodeCluster, image: str, deploy_objects: list[dict[str, Any]], agent_namespace: str
+    cluster: NodeCluster, gpuguard_image: str, deploy_objects: list[dict[str, Any]], agent_namespace: str
 ) -> None:
     agent = find(deploy_objects, "DaemonSet", "gpuguard-node-agent")
 
-    report = reported(cluster, probe_pod(agent, "agent-probe", agent_namespace, image, AGENT_PROBE))
+    report = reported(cluster, probe_pod(agent, "agent-probe", agent_namespace, gpuguard_image, AGENT_PROBE))
 
     assert report["uid"] == 0
     assert report["effective_capabilities"] == 0  # capabilities: drop [ALL]

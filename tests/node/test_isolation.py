@@ -21,6 +21,6 @@ def test_running_pods_leave_the_host_as_it_was(cluster: NodeCluster, namespace: 
         )
     for name in cluster.nodes:
         pod = wait_for_pod(cluster.plane, namespace, name, running, what="running")
-        assert pod is not None and pod["status"]["podIP"]  # from the node's own CNI plugin
+        assert pod is not None and pod["status"]["podIP"]  # on the tier's bridge
 
-    assert host_changes(cluster.host_before, host_state()) == {}
+    assert host_changes(cluster.host_before, host_state(cluster.network)) == {}
