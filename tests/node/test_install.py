@@ -319,7 +319,8 @@ def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dic
 
 def dry_run(plane: ControlPlane, folder: Path) -> tuple[list[dict[str, Any]], dict[Path, str]]:
     """One server-side dry run per verb over the batch's folders: the objects as they would be stored, in
-    order, and kubectl's errors by the file they name."""
+    the order of the folders and of the files in each (kubectl walks a folder in lexical order), and
+    kubectl's errors by the file they name."""
     stored: list[dict[str, Any]] = []
     errors: dict[Path, str] = {}
     for verb in ("apply", "create"):
@@ -329,9 +330,12 @@ def dry_run(plane: ControlPlane, folder: Path) -> tuple[list[dict[str, Any]], di
             verb, "--dry-run=server", "-o", "json", "-f", str(folder / verb), check=False, timeout=180
         )
         stored += json_stream(result.stdout)
+        last: Path | None = None  # a message of several lines names its file in the first
         for line in result.stderr.splitlines():
-            if named := re.search(r'"(/[^"]+)"', line):
-                errors[Path(named[1])] = errors.get(Path(named[1]), "") + line
+            if named := re.search(rf'"({re.escape(str(folder))}/[^"]+)"', line):
+                last = Path(named[1])
+            if last is not None:
+                errors[last] = f"{errors.get(last, '')}{line}\n"
     return stored, errors
 
 
@@ -352,7 +356,8 @@ def test_every_example_and_corpus_workload_is_mutated_or_denied_through_the_serv
     for written, source in denied.items():
         assert 'admission webhook "validate.gpuguard.io" denied the request' in errors[written]
         assert DENIED_EXAMPLES[source.path.name] in errors[written], errors[written]
-    admitted = [(s, doc) for s in sources if s.written not in denied for doc in s.docs]
+    in_order = sorted(sources, key=lambda s: (s.written.parent.name, s.written.name))  # as dry_run sends
+    admitted = [(s, doc) for s in in_order if s.written not in denied for doc in s.docs]
     assert [key_of(obj) for obj in stored] == [key_of(doc) for _, doc in admitted]
     assert admitted, "nothing was admitted, so nothing below would be checked"
     for (source, doc), obj in zip(admitted, stored, strict=True):
