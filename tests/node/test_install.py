@@ -289,7 +289,8 @@ def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dic
     """What the sources need to exist for real, as in the clusters they are written for: the namespaces
     they create or name (labelled so that only the installed gpuguard sees them), the ServiceAccounts their
     bare pods run as (ServiceAccount admission is on here, off in the e2e tier) and the PriorityClasses they
-    name; returns the namespaces created."""
+    name (first: gpuguard learns of a class through its watch); returns the namespaces created."""
+    install_priority_classes(plane, CORPUS_PRIORITY_CLASSES)
     named = {
         doc["metadata"]["namespace"] for s in sources for doc in s.docs if "namespace" in doc["metadata"]
     }
@@ -313,7 +314,6 @@ def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dic
         ),
     ]
     plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-    install_priority_classes(plane, CORPUS_PRIORITY_CLASSES)
     return sorted(wanted)
 
 
