@@ -269,16 +269,23 @@ class Source:
 
 def batch(sources: list[Path], namespace: str, folder: Path) -> tuple[list[Source], list[dict[str, Any]]]:
     """Each source written, one file per source, into folder/apply, or folder/create when it uses
-    generateName (which apply refuses; the e2e's submit_file does the same), named so that kubectl's walk
-    of each folder keeps their order; and the Namespaces they create, as a list."""
+    generateName (which apply refuses; the e2e's submit_file does the same), or folder/denied when the
+    e2e expects it denied (`kubectl apply` prints nothing of a batch with a refusal in it), named so that
+    kubectl's walk of each folder keeps their order; and the Namespaces they create, as a list."""
     written, namespaces = [], []
     for index, path in enumerate(sources):
         docs = load(path)
         place(docs, namespace)
         namespaces += [doc for doc in docs if doc["kind"] == "Namespace"]
         docs = [doc for doc in docs if doc["kind"] != "Namespace"]
-        verb = "create" if any("generateName" in doc["metadata"] for doc in docs) else "apply"
-        target = folder / verb / f"{index:03d}-{path.name}"
+        group = (
+            "denied"
+            if path.name in DENIED_EXAMPLES
+            else "create"
+            if any("generateName" in doc["metadata"] for doc in docs)
+            else "apply"
+        )
+        target = folder / group / f"{index:03d}-{path.name}"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
         written.append(Source(path, target, docs))
@@ -318,16 +325,16 @@ def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dic
 
 
 def dry_run(plane: ControlPlane, folder: Path) -> tuple[list[dict[str, Any]], dict[Path, str]]:
-    """One server-side dry run per verb over the batch's folders: the objects as they would be stored, in
+    """One server-side dry run over each of the batch's folders: the objects as they would be stored, in
     the order of the folders and of the files in each (kubectl walks a folder in lexical order), and
     kubectl's errors by the file they name."""
     stored: list[dict[str, Any]] = []
     errors: dict[Path, str] = {}
-    for verb in ("apply", "create"):
-        if not (folder / verb).is_dir():
+    for group, verb in (("apply", "apply"), ("create", "create"), ("denied", "apply")):
+        if not (folder / group).is_dir():
             continue
         result = plane.kubectl(
-            verb, "--dry-run=server", "-o", "json", "-f", str(folder / verb), check=False, timeout=180
+            verb, "--dry-run=server", "-o", "json", "-f", str(folder / group), check=False, timeout=180
         )
         stored += json_stream(result.stdout)
         last: Path | None = None  # a message of several lines names its file in the first
@@ -429,10 +436,19 @@ def test_each_node_agent_pod_reads_its_kubelets_pod_resources_socket(
     cluster: NodeCluster, installed: list[dict[str, Any]]
 ) -> None:
     plane = cluster.plane
-    agents = awaited(
-        lambda: ready_pods(plane, AGENT_NAMESPACE, AGENT_PODS, len(cluster.nodes)),
-        what="a Ready node agent pod on each node",
-    )
+    try:
+        agents = awaited(
+            lambda: ready_pods(plane, AGENT_NAMESPACE, AGENT_PODS, len(cluster.nodes)),
+            what="a Ready node agent pod on each node",
+        )
+    except TimeoutError as exc:  # with how their containers last ended
+        ended = {
+            pod["metadata"]["name"]: [
+                s.get("lastState") for s in pod["status"].get("containerStatuses") or []
+            ]
+            for pod in pods(plane, AGENT_NAMESPACE, AGENT_PODS)
+        }
+        raise TimeoutError(f"{exc}: {ended}") from None
 
     for pod in agents:
         address, name = pod["status"]["podIP"], pod["metadata"]["name"]
