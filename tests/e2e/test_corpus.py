@@ -198,9 +198,12 @@ def assert_mutated(stored: dict[str, Any]) -> None:
     assert all(len(values) <= 1 for values in seconds.values()), f"{key_of(stored)}: duplicated {seconds}"
 
 
-def assert_untouched(manifest: dict[str, Any], stored: dict[str, Any]) -> None:
+def assert_untouched(
+    manifest: dict[str, Any], stored: dict[str, Any], *, default_seconds: int = API_SERVER_DEFAULT_SECONDS
+) -> None:
     """No annotation, toleration, hook, grace period or class of gpuguard's: what the API server alone makes
-    of the manifest (a bare pod gets DefaultTolerationSeconds' 300 s entries, nothing else)."""
+    of the manifest (a bare pod gets DefaultTolerationSeconds' entries of `default_seconds`, the API
+    server's --default-*-toleration-seconds, nothing else)."""
     name = key_of(stored)
     assert not gpuguard_annotations(stored), f"{name} carries gpuguard annotations"
     if stored["kind"] not in WORKLOAD_KINDS | {"DaemonSet"}:
@@ -214,7 +217,7 @@ def assert_untouched(manifest: dict[str, Any], stored: dict[str, Any]) -> None:
             "key": key,
             "operator": "Exists",
             "effect": "NoExecute",
-            "tolerationSeconds": API_SERVER_DEFAULT_SECONDS,
+            "tolerationSeconds": default_seconds,
         }
         for key in READINESS_KEYS
     ]

@@ -11,15 +11,35 @@ addresses on the tier's bridge, node.TierNetwork).
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from cryptography import x509
 
+from tests.e2e.test_corpus import (
+    CORPUS_PRIORITY_CLASSES,
+    DENIED_EXAMPLES,
+    EXAMPLE_FILES,
+    EXAMPLES,
+    EXISTING_NAMESPACES,
+    NOT_ACCELERATOR_WORKLOADS,
+    WORKLOAD_KINDS,
+    assert_mutated,
+    assert_untouched,
+    json_stream,
+    key_of,
+    load,
+    place,
+)
+from tests.harness import corpus
 from tests.harness.admission import (
+    OWNER_LABEL,
     default_priority_classes,
     gpu_job,
     gpu_pod,
@@ -45,11 +65,13 @@ from tests.harness.node import condition
 from webhook import __version__
 from webhook.certs import files, tls
 from webhook.processes.controllers import LEASE_NAME
+from webhook.processes.serve_workers import auto_count, usable_cpus
 
-from .conftest import PATIENCE, NodeCluster
+from .conftest import DEFAULT_TOLERATION_SECONDS, PATIENCE, NodeCluster
 
 AGENT_NAMESPACE = "gpuguard-node"
 WEBHOOK_PORT = 8443  # deploy/'s containerPort `https`
+AGENT_PORT = 8082  # deploy/node-agent/'s containerPort `http`
 PART_OF = "app.kubernetes.io/part-of=gpuguard"  # the label deploy/'s kustomizations put on every object
 # The name containerd knows gpuguard's image by (deploy/'s `image: gpuguard:<version>`), and a second tag.
 IMAGE_REPOSITORY = "docker.io/library/gpuguard"
@@ -224,6 +246,134 @@ def test_a_default_priority_pod_bound_for_gpu_nodes_is_denied_through_the_servic
     assert admitted.returncode == 0 and gpuguard_annotations(json.loads(admitted.stdout)), admitted.stderr
 
 
+# --- every example and corpus workload, as the process-based e2e expects it (tests/e2e/test_corpus.py) -----
+
+
+@dataclass(frozen=True)
+class Source:
+    """One example or corpus file, loaded and placed as the e2e does, as written for the batch."""
+
+    path: Path
+    written: Path
+    docs: list[dict[str, Any]]  # without its Namespaces (created beforehand: a dry run creates none)
+
+    def untouched(self, stored: dict[str, Any]) -> bool:
+        """Whether the e2e expects `stored` as submitted: every document of an example is mutated; of a
+        corpus file, every workload but those it lists as not accelerator workloads."""
+        if self.path.parent == EXAMPLES:
+            return False
+        return stored["kind"] not in WORKLOAD_KINDS or key_of(stored) in NOT_ACCELERATOR_WORKLOADS.get(
+            self.path.name, {}
+        )
+
+
+def batch(sources: list[Path], namespace: str, folder: Path) -> tuple[list[Source], list[dict[str, Any]]]:
+    """Each source written, one file per source, into folder/apply, or folder/create when it uses
+    generateName (which apply refuses; the e2e's submit_file does the same), or folder/denied when the
+    e2e expects it denied (`kubectl apply` prints nothing of a batch with a refusal in it), named so that
+    kubectl's walk of each folder keeps their order; and the Namespaces they create, as a list."""
+    written, namespaces = [], []
+    for index, path in enumerate(sources):
+        docs = load(path)
+        place(docs, namespace)
+        namespaces += [doc for doc in docs if doc["kind"] == "Namespace"]
+        docs = [doc for doc in docs if doc["kind"] != "Namespace"]
+        group = (
+            "denied"
+            if path.name in DENIED_EXAMPLES
+            else "create"
+            if any("generateName" in doc["metadata"] for doc in docs)
+            else "apply"
+        )
+        target = folder / group / f"{index:03d}-{path.name}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+        written.append(Source(path, target, docs))
+    return written, namespaces
+
+
+def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dict[str, Any]]) -> list[str]:
+    """What the sources need to exist for real, as in the clusters they are written for: the namespaces
+    they create or name (labelled so that only the installed gpuguard sees them), the ServiceAccounts their
+    bare pods run as (ServiceAccount admission is on here, off in the e2e tier) and the PriorityClasses they
+    name (first: gpuguard learns of a class through its watch); returns the namespaces created."""
+    install_priority_classes(plane, CORPUS_PRIORITY_CLASSES)
+    named = {
+        doc["metadata"]["namespace"] for s in sources for doc in s.docs if "namespace" in doc["metadata"]
+    }
+    wanted = {ns["metadata"]["name"]: ns for ns in namespaces} | {
+        name: {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        for name in named & (EXISTING_NAMESPACES - {"kube-system"})
+    }
+    for ns in wanted.values():
+        ns["metadata"].setdefault("labels", {})[OWNER_LABEL] = "installed"
+    accounts = {
+        (doc["metadata"]["namespace"], doc["spec"].get("serviceAccountName") or "default")
+        for s in sources
+        for doc in s.docs
+        if doc["kind"] == "Pod"
+    }
+    items = [
+        *wanted.values(),
+        *(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}}
+            for ns, name in sorted(accounts)
+        ),
+    ]
+    plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    return sorted(wanted)
+
+
+def dry_run(plane: ControlPlane, folder: Path) -> tuple[list[dict[str, Any]], dict[Path, str]]:
+    """One server-side dry run over each of the batch's folders: the objects as they would be stored, in
+    the order of the folders and of the files in each (kubectl walks a folder in lexical order), and
+    kubectl's errors by the file they name."""
+    stored: list[dict[str, Any]] = []
+    errors: dict[Path, str] = {}
+    for group, verb in (("apply", "apply"), ("create", "create"), ("denied", "apply")):
+        if not (folder / group).is_dir():
+            continue
+        result = plane.kubectl(
+            verb, "--dry-run=server", "-o", "json", "-f", str(folder / group), check=False, timeout=180
+        )
+        stored += json_stream(result.stdout)
+        last: Path | None = None  # a message of several lines names its file in the first
+        for line in result.stderr.splitlines():
+            if named := re.search(rf'"({re.escape(str(folder))}/[^"]+)"', line):
+                last = Path(named[1])
+            if last is not None:
+                errors[last] = f"{errors.get(last, '')}{line}\n"
+    return stored, errors
+
+
+def test_every_example_and_corpus_workload_is_mutated_or_denied_through_the_service_as_in_the_e2e(
+    cluster: NodeCluster, installed: list[dict[str, Any]], installed_namespace: str, tmp_path: Path
+) -> None:
+    plane = cluster.plane
+    sources, namespaces = batch([*EXAMPLE_FILES, *corpus.FILES], installed_namespace, tmp_path)
+    created = prepare_for(plane, sources, namespaces)
+    try:
+        stored, errors = dry_run(plane, tmp_path)
+    finally:
+        plane.kubectl("delete", "namespace", *created, "--wait=false", check=False)
+        plane.kubectl("delete", "priorityclass", *CORPUS_PRIORITY_CLASSES, check=False)
+
+    denied = {s.written: s for s in sources if s.path.name in DENIED_EXAMPLES}
+    assert set(errors) == set(denied), "\n".join(errors.values())
+    for written, source in denied.items():
+        assert 'admission webhook "validate.gpuguard.io" denied the request' in errors[written]
+        assert DENIED_EXAMPLES[source.path.name] in errors[written], errors[written]
+    in_order = sorted(sources, key=lambda s: (s.written.parent.name, s.written.name))  # as dry_run sends
+    admitted = [(s, doc) for s in in_order if s.written not in denied for doc in s.docs]
+    assert [key_of(obj) for obj in stored] == [key_of(doc) for _, doc in admitted]
+    assert admitted, "nothing was admitted, so nothing below would be checked"
+    for (source, doc), obj in zip(admitted, stored, strict=True):
+        if source.untouched(obj):
+            assert_untouched(doc, obj, default_seconds=DEFAULT_TOLERATION_SECONDS)
+        else:
+            assert_mutated(obj)
+
+
 def test_the_controllers_elect_a_leader_among_their_pods(
     cluster: NodeCluster, installed: list[dict[str, Any]]
 ) -> None:
@@ -252,6 +402,70 @@ def test_the_node_agent_runs_on_each_gpu_node(cluster: NodeCluster, installed: l
     assert sorted(pod["spec"]["nodeName"] for pod in agents) == sorted(cluster.nodes)
     labels = plane.kubectl_json("get", "namespace", AGENT_NAMESPACE)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def cpus(quantity: str) -> float:
+    """A CPU quantity as a manifest writes it ("1", "1.5", "500m"), in CPUs."""
+    return int(quantity.removesuffix("m")) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def test_each_webhook_replica_runs_as_many_workers_as_its_containers_cpu_limit_makes(
+    cluster: NodeCluster, installed: list[dict[str, Any]]
+) -> None:
+    plane = cluster.plane
+    container = plane.kubectl_json("get", "deployment", "gpuguard", "-n", NAMESPACE)["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    # The containers get every CPU of the machine (no CPU manager policy here), as this process does: what
+    # `--workers=auto` would make of no limit at all (2 workers on the 2-core machine, against 1 for
+    # deploy/'s limit of 1 CPU).
+    expected = auto_count(cpus(container["resources"]["limits"]["cpu"]), usable_cpus())
+
+    counts = {}
+    for pod in installed:
+        log = plane.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"]).stdout
+        serving = re.search(r"gpuguard: serving https://\S+ \((\d+) workers?\)", log)
+        assert serving, f"{pod['metadata']['name']} never said how many workers it runs:\n{log}"
+        counts[pod["metadata"]["name"]] = int(serving[1])
+
+    assert "--workers=auto" in container["args"]
+    assert set(counts.values()) == {expected}, counts
+
+
+def test_each_node_agent_pod_reads_its_kubelets_pod_resources_socket(
+    cluster: NodeCluster, installed: list[dict[str, Any]]
+) -> None:
+    plane = cluster.plane
+    try:
+        agents = awaited(
+            lambda: ready_pods(plane, AGENT_NAMESPACE, AGENT_PODS, len(cluster.nodes)),
+            what="a Ready node agent pod on each node",
+        )
+    except TimeoutError as exc:  # with how their containers last ended
+        ended = {
+            pod["metadata"]["name"]: [
+                s.get("lastState") for s in pod["status"].get("containerStatuses") or []
+            ]
+            for pod in pods(plane, AGENT_NAMESPACE, AGENT_PODS)
+        }
+        raise TimeoutError(f"{exc}: {ended}") from None
+
+    for pod in agents:
+        address, name = pod["status"]["podIP"], pod["metadata"]["name"]
+        status, body = http_get(AGENT_PORT, "/policy", host=address)
+        assert status == 200, f"/policy of {name} answered {status}"
+        report = json.loads(body)
+        status, body = http_get(AGENT_PORT, "/metrics", host=address)
+        assert status == 200, f"/metrics of {name} answered {status}"
+        polls = {
+            labels["outcome"]: value
+            for labels, value in metric_samples(body.decode(), "gpuguard_node_agent_polls_total")
+        }
+
+        assert report["node"] == pod["spec"]["nodeName"], report
+        assert report["socket"] == "/var/lib/kubelet/pod-resources/kubelet.sock"  # through the hostPath
+        assert report["lastPollOk"] is True, report  # List and GetAllocatableResources both answered
+        assert polls.get("ok", 0) >= 1 and not polls.get("error"), polls
 
 
 # --- operations under a steady stream of GPU pods, with failurePolicy Fail ---------------------------------
