@@ -187,8 +187,8 @@ class NativePolicies:
             if stored is None:
                 self.narrowed.pop(kind, None)
                 continue  # not installed (or an operator deleted it): nothing calls gpuguard through it
-            operations = nativenarrow.configuration_patch(stored, parts)
             wanted = nativenarrow.shaped(stored, parts)
+            operations = nativenarrow.patch_to(stored, wanted)
             narrowed = nativenarrow.narrowed(wanted)
             if operations:
                 try:
