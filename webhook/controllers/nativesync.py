@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 from webhook.controllers import series
+from webhook.kube.client import metadata_of
 from webhook.kube.controller import Controller, Result, TerminalError
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import InvalidObjectError, NotFoundError
@@ -242,7 +243,7 @@ class NativePolicies:
 
 
 def _version(raw: dict[str, Any]) -> tuple[Hashable, str] | None:
-    metadata = raw.get("metadata") or {}
+    metadata = metadata_of(raw)
     return str(metadata.get("name", "")), str(metadata.get("resourceVersion", ""))
 
 
