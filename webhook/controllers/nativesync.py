@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 from webhook.controllers import series
+from webhook.kube.client import metadata_of
 from webhook.kube.controller import Controller, Result, TerminalError
 from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import InvalidObjectError, NotFoundError
@@ -187,8 +188,8 @@ class NativePolicies:
             if stored is None:
                 self.narrowed.pop(kind, None)
                 continue  # not installed (or an operator deleted it): nothing calls gpuguard through it
-            operations = nativenarrow.configuration_patch(stored, parts)
             wanted = nativenarrow.shaped(stored, parts)
+            operations = nativenarrow.patch_to(stored, wanted)
             narrowed = nativenarrow.narrowed(wanted)
             if operations:
                 try:
@@ -242,7 +243,7 @@ class NativePolicies:
 
 
 def _version(raw: dict[str, Any]) -> tuple[Hashable, str] | None:
-    metadata = raw.get("metadata") or {}
+    metadata = metadata_of(raw)
     return str(metadata.get("name", "")), str(metadata.get("resourceVersion", ""))
 
 

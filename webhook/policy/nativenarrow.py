@@ -291,7 +291,11 @@ def shaped(configuration: Mapping[str, Any], parts: list[Part]) -> list[JSON]:
 def configuration_patch(configuration: Mapping[str, Any], parts: list[Part]) -> list[JSON]:
     """A JSON Patch taking `configuration` to `shaped`, at the resourceVersion read and each webhook's
     name tested; empty when it is so already. Only the entries that differ are written."""
-    wanted = shaped(configuration, parts)
+    return patch_to(configuration, shaped(configuration, parts))
+
+
+def patch_to(configuration: Mapping[str, Any], wanted: list[JSON]) -> list[JSON]:
+    """configuration_patch, for a caller that already has the webhooks `shaped` wants."""
     stored: list[JSON] = list(configuration.get("webhooks") or [])
     operations: list[JSON] = []
     for index, (have, want) in enumerate(zip(stored, wanted, strict=False)):
