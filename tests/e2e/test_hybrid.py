@@ -63,7 +63,7 @@ LEASE = "gpuguard-controllers"
 # No PolicyReports here (they need the audit's CRD and rights); no nodes, so health does nothing.
 BASE = {"audit": {"reportIntervalSeconds": 0}}
 HYBRID = {**BASE, "admission": {"mode": "hybrid"}}
-# Another margin (the gracefulTermination MAP changes) and priority off (its MAP and binding go).
+# Another margin (the mutating rules' MAP changes) and trustedDeviceSoftware off (its VAP and bindings go).
 NATIVE = {**BASE, "admission": {"mode": "native"}}
 WEBHOOK_CONFIG = "gpuguard"  # the name `gpuguard controllers` narrows by default
 GPU_NODE = "hybrid-gpu-node"
@@ -71,7 +71,10 @@ GPU_NODE = "hybrid-gpu-node"
 # 30 s to update on a machine at load 6 on 2 cores (each attempt timed out at 10 s and was sent again).
 NARROWED_TIMEOUT = 120.0
 NIC_CLASS = "nic.hybrid.example.com"  # a DRA device class the default policy's deviceClasses do not match
-CHANGED = {**HYBRID, "rules": {"gracefulTermination": {"marginSeconds": 25}, "priority": {"mode": "off"}}}
+CHANGED = {
+    **HYBRID,
+    "rules": {"gracefulTermination": {"marginSeconds": 25}, "trustedDeviceSoftware": {"mode": "off"}},
+}
 
 Objects = dict[tuple[str, str], dict[str, Any]]
 
@@ -226,9 +229,9 @@ def test_the_leader_keeps_the_native_policies_in_step_with_the_live_policy_confi
         processes=[leader],
     )
     changed = owned(cluster)
-    assert ("MutatingAdmissionPolicy", "gpuguard-priority") in created
-    assert ("MutatingAdmissionPolicy", "gpuguard-priority") not in changed
-    graceful = ("MutatingAdmissionPolicy", "gpuguard-graceful-termination")
+    assert ("ValidatingAdmissionPolicy", "gpuguard-trusted-device-software") in created
+    assert ("ValidatingAdmissionPolicy", "gpuguard-trusted-device-software") not in changed
+    graceful = ("MutatingAdmissionPolicy", "gpuguard-mutations")
     assert (
         changed[graceful]["metadata"]["resourceVersion"] != created[graceful]["metadata"]["resourceVersion"]
     )

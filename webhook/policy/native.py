@@ -1,8 +1,9 @@
 """The policy compiled into the API server's own admission policies: MutatingAdmissionPolicies (MAP),
 ValidatingAdmissionPolicies (VAP) and their bindings, as plain dicts.
 
-Each rule, or the part of it CEL can decide from the object alone, becomes one policy; the namespace
-modes become its bindings. What needs more (cluster facts, warnings from a mutation, the driver rule's
+Each validating rule, or the part of it CEL can decide from the object alone, becomes one VAP; the
+mutating rules enforced in the same namespaces share one MAP (one mutation for all, which the API server
+runs far more cheaply than one per rule); the namespace modes become the bindings. What needs more (cluster facts, warnings from a mutation, the driver rule's
 node-affinity merge) is named in `Compiled.gaps`, never dropped: those decisions stay the webhook's.
 
 The expressions mirror webhook.policy.rules one to one and write what the webhook writes, the
@@ -11,10 +12,10 @@ on a real API server that an object stored through these policies equals the one
 webhook. Everything is JSON Patch: the policies match several kinds at once, and an apply
 configuration would need each kind's own type.
 
-This module puts the policy together (the rules' policies, the namespace regions their bindings cover,
-the gaps); the rules themselves are in nativemutating.py, nativevalidating.py and nativedriver.py, the
-CEL text they share in nativecel.py. In `hybrid`, a policy stands aside where nativegaps.py leaves the
-rule to the webhook and the two would answer differently.
+This module puts the policy together (the policies, the namespace regions their bindings cover, the
+gaps); the rules themselves are in nativemutating.py, nativevalidating.py and nativedriver.py, the
+CEL text they share in nativecel.py. In `hybrid`, a rule's native part stands aside where nativegaps.py
+leaves the rule to the webhook and the two would answer differently.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from webhook.policy.model import LabelSelector, Mode, NamespaceOverride, Policy,
 from webhook.policy.nativecel import API_VERSION, MANAGED_BY, Cel
 from webhook.policy.nativedriver import driver_compatibility, driver_compatibility_check
 from webhook.policy.nativemutating import (
+    RuleMutation,
     graceful_termination,
+    mutating_policy,
     pod_failure_policy,
     priority,
     readiness_tolerations,
@@ -39,6 +42,9 @@ from webhook.policy.workload import JSON
 NAME_LABEL = "kubernetes.io/metadata.name"
 # The namespaces deploy/'s webhooks never see: the control plane's and gpuguard's own.
 UNWATCHED_NAMESPACES = ("kube-system", "kube-node-lease", "gpuguard", "gpuguard-node")
+MUTATIONS = "gpuguard-mutations"  # the MAP of the mutating rules (numbered from 2 past the first)
+# A VAP's condition in hybrid; a MAP's rules stand aside each within its one condition.
+NOT_LEFT_TO_THE_WEBHOOK = "not-left-to-the-webhook"
 VALIDATION_ACTIONS: dict[Mode, list[str]] = {"enforce": ["Deny"], "warn": ["Warn"], "audit": ["Audit"]}
 
 Requirement = dict[str, Any]  # a label selector requirement: key, operator, values
@@ -138,28 +144,53 @@ def _binding(kind: str, policy_name: str, index: int, region: Region, extra: JSO
     }
 
 
-def _bindings(policy: Policy, rule: RuleId, obj: JSON, gaps: list[Gap]) -> list[JSON]:
-    kind = str(obj["kind"])
-    name = str(obj["metadata"]["name"])
-    bindings: list[JSON] = []
-    for region in regions(policy):
+def _enforced(policy: Policy, rule: RuleId, split: list[Region], gaps: list[Gap]) -> tuple[int, ...]:
+    """The regions where a MAP applies `rule`: those where it enforces; warn and audit are named gaps."""
+    found = []
+    for index, region in enumerate(split):
         mode = policy.mode_under(rule, region.override)
-        if mode == "off":
-            continue
-        if kind == "MutatingAdmissionPolicy":
-            if mode != "enforce":
-                gaps.append(
-                    Gap(
-                        rule,
-                        f"{mode} mode in {region.description}: a MutatingAdmissionPolicy cannot warn or record",
-                    )
+        if mode == "enforce":
+            found.append(index)
+        elif mode != "off":
+            gaps.append(
+                Gap(
+                    rule,
+                    f"{mode} mode in {region.description}: a MutatingAdmissionPolicy cannot warn or record",
                 )
-                continue
-            extra: JSON = {}
-        else:
-            extra = {"validationActions": VALIDATION_ACTIONS[mode]}
-        bindings.append(_binding(kind, name, len(bindings), region, extra))
-    return bindings
+            )
+    return tuple(found)
+
+
+def _mutating(
+    policy: Policy, parts: list[RuleMutation], cel: Cel, gaps: list[Gap]
+) -> tuple[list[JSON], list[JSON]]:
+    """One MAP per set of regions, carrying every rule enforced in exactly those, then its bindings.
+    The first is gpuguard-mutations, the others numbered from 2 (most policies have one)."""
+    split = regions(policy)
+    groups: dict[tuple[int, ...], list[RuleMutation]] = {}
+    for part in parts:
+        where = _enforced(policy, part.rule, split, gaps)
+        if where:
+            groups.setdefault(where, []).append(part)
+    policies, bindings = [], []
+    for number, (where, grouped) in enumerate(groups.items(), start=1):
+        name = MUTATIONS if number == 1 else f"{MUTATIONS}-{number}"
+        policies.append(mutating_policy(name, grouped, policy, cel))
+        bindings += [_binding("MutatingAdmissionPolicy", name, i, split[r], {}) for i, r in enumerate(where)]
+    return policies, bindings
+
+
+def _validating(policy: Policy, rule: RuleId, obj: JSON) -> list[JSON]:
+    """The VAP's bindings: each region where `rule` is on, with its mode's actions."""
+    name = str(obj["metadata"]["name"])
+    modes = [(region, policy.mode_under(rule, region.override)) for region in regions(policy)]
+    on = [(region, mode) for region, mode in modes if mode != "off"]
+    return [
+        _binding(
+            "ValidatingAdmissionPolicy", name, index, region, {"validationActions": VALIDATION_ACTIONS[mode]}
+        )
+        for index, (region, mode) in enumerate(on)
+    ]
 
 
 # --- the whole policy -----------------------------------------------------------------------------
@@ -194,21 +225,23 @@ def compile_policy(policy: Policy) -> Compiled:
     if not policy.enabled:
         return Compiled([], [Gap("all", "enabled is false: nothing to compile")])
     cel = Cel(policy)
-    built: list[tuple[RuleId, JSON]] = [
-        ("readinessTolerations", readiness_tolerations(policy, cel)),
-        ("podFailurePolicy", pod_failure_policy(policy, cel)),
-        ("gracefulTermination", graceful_termination(policy, cel)),
-        ("driverCompatibility", driver_compatibility(policy, cel)),
-        ("acceleratorNodeGuard", accelerator_node_guard(policy, cel)),
-        ("driverCompatibility", driver_compatibility_check(policy, cel)),
-        ("trustedDeviceSoftware", trusted_device_software(policy)),
+    mutating: list[RuleMutation] = [
+        readiness_tolerations(policy),
+        pod_failure_policy(policy),
+        graceful_termination(policy, cel),
     ]
     if policy.priority_value(policy.rules.priority.className) is not None:
-        built.insert(3, ("priority", priority(policy, cel)))
+        mutating.append(priority(policy))
     else:
         gaps.append(
             Gap("priority", "pods: the class is not in the policy's priorityClasses, so its value is unknown")
         )
+    mutating.append(driver_compatibility(policy))
+    validating: list[tuple[RuleId, JSON]] = [
+        ("acceleratorNodeGuard", accelerator_node_guard(policy, cel)),
+        ("driverCompatibility", driver_compatibility_check(policy, cel)),
+        ("trustedDeviceSoftware", trusted_device_software(policy)),
+    ]
     if policy.accelerators.resourceClaims:
         gaps.append(
             Gap(
@@ -222,18 +255,23 @@ def compile_policy(policy: Policy) -> Compiled:
             Gap("driverCompatibility", "multiNode.sameDriverVersion: one driver version across a Job's pods")
         )
     gaps[:0] = ALWAYS_WEBHOOK
-    # In hybrid the webhook decides what nativegaps leaves to it; a policy that would answer otherwise
-    # stands aside there.
+    # In hybrid the webhook decides what nativegaps leaves to it; a rule whose native policy would answer
+    # otherwise stands aside there.
     hybrid = policy.admission.mode == "hybrid"
-    left = {
-        "MutatingAdmissionPolicy": nativegaps.mutating(policy) if hybrid else [],
-        "ValidatingAdmissionPolicy": nativegaps.validating(policy) if hybrid else [],
-    }
-    policies: list[JSON] = []
-    bindings: list[JSON] = []
-    for rule, obj in built:
-        obj["spec"]["matchConditions"] += nativegaps.stand_aside(left[obj["kind"]], rule)
-        own = _bindings(policy, rule, obj, gaps)
+    left_mutating = nativegaps.mutating(policy) if hybrid else []
+    left_validating = nativegaps.validating(policy) if hybrid else []
+    for index, part in enumerate(mutating):
+        aside = nativegaps.stand_aside(left_mutating, part.rule)
+        if aside is not None:
+            mutating[index] = part.guarded(f"!({aside})")
+    policies, bindings = _mutating(policy, mutating, cel, gaps)
+    for rule, obj in validating:
+        aside = nativegaps.stand_aside(left_validating, rule)
+        if aside is not None:
+            obj["spec"]["matchConditions"].append(
+                {"name": NOT_LEFT_TO_THE_WEBHOOK, "expression": f"!({aside})"}
+            )
+        own = _validating(policy, rule, obj)
         if own:
             policies.append(obj)
             bindings += own

@@ -6,7 +6,6 @@ from __future__ import annotations
 from webhook.policy.model import Policy
 from webhook.policy.nativecel import (
     SPEC,
-    SPEC_PATH,
     TEMPLATE_RESOURCES,
     Cel,
     all_of,
@@ -17,7 +16,7 @@ from webhook.policy.nativecel import (
     policy_name,
     spec_of,
 )
-from webhook.policy.nativemutating import mutating_policy
+from webhook.policy.nativemutating import RuleMutation
 from webhook.policy.nativevalidating import NOT_AN_EXEMPT_POD, REFERENCE, image_reference, validating_policy
 from webhook.policy.workload import JSON
 
@@ -137,7 +136,7 @@ def _empty_term(term: str) -> str:
     )
 
 
-def driver_compatibility(policy: Policy, cel: Cel) -> JSON:
+def driver_compatibility(policy: Policy) -> RuleMutation:
     driver = Driver(policy, "object")
     at_least = cel_map({"key": driver.key, "operator": "'Gt'", "values": "[string(variables.minimum - 1)]"})
     required = cel_map({"nodeSelectorTerms": f"[{cel_map({'matchExpressions': f'[{at_least}]'})}]"})
@@ -160,14 +159,13 @@ def driver_compatibility(policy: Policy, cel: Cel) -> JSON:
         f" '/matchExpressions', value: [{at_least}]}})"
     )
     variables = [
-        {"name": "spec", "expression": SPEC},
-        {"name": "path", "expression": SPEC_PATH},
         {"name": "minima", "expression": driver.minima},
         {"name": "minimum", "expression": driver.minimum("variables.minima")},
         {"name": "guaranteed", "expression": driver.guarantees("variables.minimum")},
         {"name": "edits", "expression": edits},
     ]
-    return mutating_policy("driverCompatibility", policy, cel, variables, conditions=driver.could_state())
+    guards = tuple(condition["expression"] for condition in driver.could_state())
+    return RuleMutation("driverCompatibility", variables, guards=guards)
 
 
 def driver_compatibility_check(policy: Policy, cel: Cel) -> JSON:

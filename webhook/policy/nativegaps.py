@@ -133,10 +133,9 @@ def validating(policy: Policy) -> list[Left]:
     ]
 
 
-def stand_aside(left: list[Left], rule: RuleId) -> list[dict[str, str]]:
-    """The match condition that keeps `rule`'s native policy off what the webhook decides for it; `left`
-    is what the webhook of the policy's own kind decides (`mutating` for a MAP, `validating` for a VAP)."""
+def stand_aside(left: list[Left], rule: RuleId) -> str | None:
+    """CEL true for a request `rule`'s native policy must stand aside from (None: none); `left` is what the
+    webhook of the policy's own kind decides (`mutating` for a MAP, `validating` for a VAP). A MAP
+    carrying several rules applies the others there."""
     mine = [f"({item.expression})" for item in left if item.rule == rule and item.exclusive]
-    if not mine:
-        return []
-    return [{"name": "not-left-to-the-webhook", "expression": f"!({' || '.join(mine)})"}]
+    return " || ".join(mine) or None

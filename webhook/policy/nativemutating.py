@@ -1,10 +1,11 @@
-"""The mutating rules as MutatingAdmissionPolicies: each rule's edits worked out in variables, applied as
-JSON Patch with the marks the webhook writes (`gpuguard.io/rules`, the policy hash)."""
+"""The mutating rules as a MutatingAdmissionPolicy: each rule's edits worked out in variables of its own,
+all applied as one JSON Patch with the marks the webhook writes (`gpuguard.io/rules`, the policy hash)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from webhook.policy.engine import POLICY_ANNOTATION, RULES_ANNOTATION
 from webhook.policy.model import MUTATING_RULES, Policy, RuleId
@@ -26,7 +27,6 @@ from webhook.policy.nativecel import (
     literal,
     mirror,
     pointer,
-    policy_name,
     resource_rules,
 )
 from webhook.policy.rules import (
@@ -37,15 +37,15 @@ from webhook.policy.rules import (
 from webhook.policy.workload import JSON
 
 
-def _marks(rule: RuleId, policy: Policy) -> str:
-    """The JSON Patches that name `rule` in gpuguard.io/rules (kept in rule order) and the policy's hash,
-    as engine._mark writes them."""
+def _marks(applied: str, policy: Policy) -> str:
+    """The JSON Patches that add the rules `applied` (CEL: a list of rule ids) to gpuguard.io/rules, in
+    the webhook's order, and write the policy's hash, as engine._mark writes them."""
     annotations = "object.metadata.annotations"
     previous = (
         f"(has({annotations}) && {literal(RULES_ANNOTATION)} in {annotations} ?"
         f" {annotations}[{literal(RULES_ANNOTATION)}].split(',') : [])"
     )
-    named = f"{literal(list(MUTATING_RULES))}.filter(r, r == {literal(rule)} || r in {previous}).join(',')"
+    named = f"{literal(list(MUTATING_RULES))}.filter(r, r in {applied} || r in {previous}).join(',')"
     base = "/metadata/annotations/"
     return (
         f"(has({annotations}) ? [] : [JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{}}}}]) + ["
@@ -98,33 +98,98 @@ _AS_PATCHES = (
 )
 
 
-def mutating_policy(
-    rule: RuleId,
-    policy: Policy,
-    cel: Cel,
-    variables: list[JSON],
-    *,
-    pods: bool = True,
-    conditions: Sequence[JSON] = (),
-) -> JSON:
-    """The MAP of one rule: its variables end in `edits`, applied with the marks. It matches only what it
-    changes: the API server encodes, patches, decodes and defaults the object for every mutation it
-    runs, even one that patches nothing, and then runs every mutating plugin again; a rule with nothing
-    left to do is kept out by its match condition instead, in the reinvocation too. `conditions` are the
-    rule's own, tested before the accelerator test."""
+@dataclass(frozen=True)
+class RuleMutation:
+    """One mutating rule's part of a MAP: its variables, the last named `edits`, reading the shared `spec`
+    and `path`; `guards`, CEL on the request alone that must hold for the rule to apply (its kinds, a
+    cheap test of its own, in hybrid not being left to the webhook), tested before its variables."""
+
+    rule: RuleId
+    variables: list[JSON]
+    pods: bool = True
+    guards: tuple[str, ...] = ()
+
+    def guarded(self, *guards: str) -> RuleMutation:
+        return replace(self, guards=(*self.guards, *guards))
+
+
+# The pod spec and its JSON Pointer, read by most rules: one variable each, evaluated once per mutation.
+SHARED: list[JSON] = [{"name": "spec", "expression": SPEC}, {"name": "path", "expression": SPEC_PATH}]
+
+
+def _own_name(rule: RuleId, name: str) -> str:
+    return f"{rule}_{name}"
+
+
+def _own_variables(part: RuleMutation) -> list[JSON]:
+    """The rule's variables under names of its own (`<rule>_<name>`), its reads of them renamed alike,
+    so that rules sharing a policy do not read each other's, and written as data (`_as_data`)."""
+    names = {v["name"] for v in part.variables}
+
+    def rename(expression: str) -> str:
+        return re.sub(
+            r"\bvariables\.(\w+)",
+            lambda m: f"variables.{_own_name(part.rule, m[1])}" if m[1] in names else m[0],
+            expression,
+        )
+
+    return [
+        {"name": _own_name(part.rule, v["name"]), "expression": _as_data(rename(v["expression"]))}
+        for v in part.variables
+    ]
+
+
+def _reads(expressions: Sequence[str], variable: JSON) -> bool:
+    return any(re.search(rf"\bvariables\.{variable['name']}\b", e) for e in expressions)
+
+
+def mutating_policy(name: str, parts: Sequence[RuleMutation], policy: Policy, cel: Cel) -> JSON:
+    """One MAP applying the rules of `parts` (rules bound alike, in the webhook's order) in one mutation.
+    The API server encodes, patches, decodes and defaults the object for every mutation it runs, even one
+    that patches nothing, and then runs every mutating plugin again: the rules share one mutation, and the
+    policy matches only what some rule still changes (in the reinvocation too). Each rule sees the object
+    as it came, as each sees it in the webhook (no rule edits what another reads); its guards keep it off
+    what it must not touch while the others apply."""
+    pods = any(part.pods for part in parts)
     groups = {"": ["pods"], **TEMPLATE_RESOURCES} if pods else {"batch": TEMPLATE_RESOURCES["batch"]}
-    data = [{"name": v["name"], "expression": _as_data(v["expression"])} for v in variables]
-    changes = {"name": "changes", "expression": _as_data(f"variables.edits + {_marks(rule, policy)}")}
+    own = [(part, _own_variables(part)) for part in parts]
+    edits = {part.rule: f"variables.{_own_name(part.rule, 'edits')}" for part in parts}
+    read = [v["expression"] for _, variables in own for v in variables]
+    shared = [v for v in SHARED if _reads(read, v)]
+    variables = list(shared)
+    for part, rule_variables in own:
+        *worked_out, last = rule_variables
+        guarded = (
+            f"{all_of(part.guards)} ? ({last['expression']}) : []" if part.guards else last["expression"]
+        )
+        variables += [*worked_out, {**last, "expression": guarded}]
+    applied = " + ".join(f"(size({e}) > 0 ? [{literal(rule)}] : [])" for rule, e in edits.items())
+    variables += [
+        {"name": "applied", "expression": applied},
+        {
+            "name": "changes",
+            "expression": _as_data(" + ".join([*edits.values(), _marks("variables.applied", policy)])),
+        },
+    ]
+    # A rule's guards before its variables: a rule's variables may fail on what its guards keep out (a
+    # Job's fields on a pod), and a match condition binds them all at once.
+    changes_some = " || ".join(
+        f"({all_of([*part.guards, _bound(rule_variables, f'size({edits[part.rule]}) > 0')])})"
+        for part, rule_variables in own
+    )
     tests = [
         *_not_skipped(policy, pods),
-        *(condition["expression"] for condition in conditions),
         f"[{SPEC}].exists(s, {cel.accelerator_workload('s')})",
-        _bound(data, "size(variables.edits) > 0"),
+        _bound(shared, changes_some),
     ]
     return {
         "apiVersion": API_VERSION,
         "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": policy_name(rule), "labels": dict(MANAGED_BY)},
+        "metadata": {
+            "name": name,
+            "labels": dict(MANAGED_BY),
+            "annotations": {RULES_ANNOTATION: ",".join(part.rule for part in parts)},
+        },
         "spec": {
             # As deploy/'s mutating webhook: a policy that cannot evaluate admits the workload unmutated.
             "failurePolicy": "Ignore",
@@ -133,7 +198,7 @@ def mutating_policy(
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {"resourceRules": resource_rules(groups, ["CREATE"])},
             "matchConditions": [{"name": CHANGES_AN_ACCELERATOR_WORKLOAD, "expression": all_of(tests)}],
-            "variables": [*data, changes],
+            "variables": variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _AS_PATCHES}}],
         },
     }
@@ -177,12 +242,10 @@ def _tolerates(toleration: str, key: str) -> str:
     )
 
 
-def readiness_tolerations(policy: Policy, cel: Cel) -> JSON:
+def readiness_tolerations(policy: Policy) -> RuleMutation:
     rule = policy.rules.readinessTolerations
     default = rule.apiServerDefaultSeconds
     variables = [
-        {"name": "spec", "expression": SPEC},
-        {"name": "path", "expression": SPEC_PATH},
         {
             "name": "batch",
             "expression": "request.kind.kind == 'Pod' ? "
@@ -229,10 +292,10 @@ def readiness_tolerations(policy: Policy, cel: Cel) -> JSON:
         " [JSONPatch{op: 'add', path: variables.path + '/tolerations', value: variables.added}])"
     )
     variables.append({"name": "edits", "expression": " + ".join([*replaced, additions])})
-    return mutating_policy("readinessTolerations", policy, cel, variables)
+    return RuleMutation("readinessTolerations", variables)
 
 
-def pod_failure_policy(policy: Policy, cel: Cel) -> JSON:
+def pod_failure_policy(policy: Policy) -> RuleMutation:
     rule = policy.rules.podFailurePolicy
     job = "variables.job"
     spec = "variables.spec"
@@ -311,10 +374,13 @@ def pod_failure_policy(policy: Policy, cel: Cel) -> JSON:
         + " + [JSONPatch{op: 'add', path: variables.jobPath + '/podReplacementPolicy', value: 'Failed'}])"
     )
     variables.append({"name": "edits", "expression": edits})
-    return mutating_policy("podFailurePolicy", policy, cel, variables, pods=False)
+    # Its variables read a Job's fields, which a pod sharing the policy lacks.
+    return RuleMutation(
+        "podFailurePolicy", variables, pods=False, guards=("request.kind.kind in ['Job', 'CronJob']",)
+    )
 
 
-def graceful_termination(policy: Policy, cel: Cel) -> JSON:
+def graceful_termination(policy: Policy, cel: Cel) -> RuleMutation:
     rule = policy.rules.gracefulTermination
     pre_stop: JSON = (
         {"sleep": {"seconds": rule.preStop.seconds}}
@@ -322,7 +388,6 @@ def graceful_termination(policy: Policy, cel: Cel) -> JSON:
         else {"exec": {"command": list(rule.preStop.command)}}
     )
     spec = "variables.spec"
-    variables: list[JSON] = [{"name": "spec", "expression": SPEC}, {"name": "path", "expression": SPEC_PATH}]
     edits = []
     for field, sidecars_only in (("containers", False), ("initContainers", True)):
         items = f"{field_or(spec, field, '[]')}"
@@ -344,11 +409,10 @@ def graceful_termination(policy: Policy, cel: Cel) -> JSON:
         f"({current} < {wanted_seconds} ? [JSONPatch{{op: 'add', path: variables.path +"
         f" '/terminationGracePeriodSeconds', value: {wanted_seconds}}}] : [])"
     )
-    variables.append({"name": "edits", "expression": " + ".join(edits)})
-    return mutating_policy("gracefulTermination", policy, cel, variables)
+    return RuleMutation("gracefulTermination", [{"name": "edits", "expression": " + ".join(edits)}])
 
 
-def priority(policy: Policy, cel: Cel) -> JSON:
+def priority(policy: Policy) -> RuleMutation:
     class_name = policy.rules.priority.className
     value = policy.priority_value(class_name)
     spec = "variables.spec"
@@ -371,13 +435,4 @@ def priority(policy: Policy, cel: Cel) -> JSON:
         f"has({spec}.priorityClassName) && {spec}.priorityClassName != '' ? [] :"
         f" request.kind.kind == 'Pod' ? {pod} : {template}"
     )
-    return mutating_policy(
-        "priority",
-        policy,
-        cel,
-        [
-            {"name": "spec", "expression": SPEC},
-            {"name": "path", "expression": SPEC_PATH},
-            {"name": "edits", "expression": edits},
-        ],
-    )
+    return RuleMutation("priority", [{"name": "edits", "expression": edits}])

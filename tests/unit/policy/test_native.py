@@ -9,12 +9,14 @@ import fnmatch
 import itertools
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from webhook.cli import main
-from webhook.policy import hostpaths, images
-from webhook.policy.model import RULE_IDS, LabelSelector, default_policy, parse_policy
+from webhook.policy import hostpaths, images, nativegaps
+from webhook.policy.engine import RULES_ANNOTATION
+from webhook.policy.model import MUTATING_RULES, RULE_IDS, LabelSelector, default_policy, parse_policy
 from webhook.policy.native import NAME_LABEL, compile_policy, regions
 from webhook.policy.nativecel import glob_regex, literal
 from webhook.policy.nativevalidating import REFERENCE
@@ -84,9 +86,8 @@ def test_bindings_carry_each_regions_mode_and_a_mutation_outside_enforce_is_name
         mode = policy.mode_for("acceleratorNodeGuard", name, labels)
         expected = {"enforce": [["Deny"]], "warn": [["Warn"]], "audit": [["Audit"]], "off": []}[mode]
         assert [b["spec"]["validationActions"] for b in matching] == expected, (name, labels)
-    # priority warns everywhere it is on: no MAP binding at all, and the output says so per region.
-    assert not [b for b in bindings if b["spec"]["policyName"] == "gpuguard-priority"]
-    assert not [o for o in compiled.objects if o["metadata"]["name"] == "gpuguard-priority"]
+    # priority warns everywhere it is on: no MAP carries it, and the output says so per region.
+    assert "priority" not in [rule for obj in _maps(compiled.objects) for rule in _carried(obj)]
     named = [g.what for g in compiled.gaps if g.rule == "priority"]
     assert any("warn mode in every other namespace" in what for what in named)
     assert any("audit mode in namespaces team-a, team-b" in what for what in named)
@@ -98,9 +99,20 @@ def test_a_disabled_policy_compiles_to_nothing_and_says_so() -> None:
     assert [g.rule for g in compiled.gaps] == ["all"]
 
 
+def _maps(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == "MutatingAdmissionPolicy"]
+
+
+def _carried(obj: dict[str, Any]) -> list[str]:
+    """The rules a MAP applies, as it names them."""
+    return str(obj["metadata"]["annotations"][RULES_ANNOTATION]).split(",")
+
+
 def test_a_class_the_policy_does_not_value_leaves_the_priority_rule_to_the_webhook() -> None:
     compiled = compile_policy(parse_policy("rules: {priority: {className: elsewhere}}"))
-    assert "gpuguard-priority" not in [o["metadata"]["name"] for o in compiled.objects]
+    assert [_carried(obj) for obj in _maps(compiled.objects)] == [
+        ["readinessTolerations", "podFailurePolicy", "gracefulTermination", "driverCompatibility"]
+    ]
     assert any("not in the policy's priorityClasses" in g.what for g in compiled.gaps)
 
 
@@ -229,12 +241,63 @@ def test_match_conditions_read_no_variables(text: str) -> None:
             assert "variables." not in condition["expression"], (obj["metadata"]["name"], condition["name"])
 
 
-def test_a_mutating_policy_matches_only_accelerator_workloads_it_changes() -> None:
+def test_the_mutating_rules_share_one_policy_that_matches_only_accelerator_workloads_some_rule_changes() -> (
+    None
+):
     """Each mutation the API server runs costs it an encode, a patch, a decode and a reinvocation, even an
-    empty one: a MAP's one condition holds back what its rule leaves as it is, its edits tested last."""
-    maps = [o for o in compile_policy(default_policy()).objects if o["kind"] == "MutatingAdmissionPolicy"]
-    assert maps
-    for obj in maps:
-        (condition,) = obj["spec"]["matchConditions"]
-        assert condition["name"] == "changes-an-accelerator-workload"
-        assert condition["expression"].endswith("size(bound_edits) > 0" + ")" * len(obj["spec"]["variables"]))
+    empty one: the rules bound alike share one MAP and one mutation, and its one condition holds back
+    what every rule leaves as it is, each rule's edits tested last within its own part."""
+    compiled = compile_policy(default_policy())
+    (obj,) = _maps(compiled.objects)
+    assert _carried(obj) == list(MUTATING_RULES)
+    assert [
+        b["spec"]["policyName"] for b in compiled.objects if b["kind"] == "MutatingAdmissionPolicyBinding"
+    ] == [obj["metadata"]["name"]]
+    assert len(obj["spec"]["mutations"]) == 1
+    (condition,) = obj["spec"]["matchConditions"]
+    assert condition["name"] == "changes-an-accelerator-workload"
+    for rule in MUTATING_RULES:
+        assert f"size(bound_{rule}_edits) > 0)" in condition["expression"], rule
+    assert condition["expression"].endswith("size(bound_driverCompatibility_edits) > 0" + ")" * 9)
+
+
+def test_rules_bound_to_different_namespaces_get_a_policy_each() -> None:
+    """SELECTORS_POLICY turns readinessTolerations off where the batch selector matches and leaves priority
+    to warn: one MAP for the rules enforced everywhere else, one for readinessTolerations, no rule twice."""
+    policy = parse_policy(SELECTORS_POLICY)
+    objects = compile_policy(policy).objects
+    carried = {obj["metadata"]["name"]: _carried(obj) for obj in _maps(objects)}
+    assert carried == {
+        "gpuguard-mutations": ["readinessTolerations"],
+        "gpuguard-mutations-2": ["podFailurePolicy", "gracefulTermination", "driverCompatibility"],
+    }
+    bindings = [o for o in objects if o["kind"] == "MutatingAdmissionPolicyBinding"]
+    for name, labels in NAMESPACES:
+        if name == "kube-system":
+            continue
+        applied = [
+            rule
+            for b in bindings
+            if _selects(b["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"], name, labels)
+            for rule in carried[b["spec"]["policyName"]]
+        ]
+        assert applied == [r for r in MUTATING_RULES if policy.mode_for(r, name, labels) == "enforce"], (
+            name,
+            labels,
+        )
+
+
+def test_in_hybrid_each_rule_stands_aside_alone_where_the_webhook_decides_it() -> None:
+    """A request left to the webhook for one rule (a Job it treats as a gang) is still mutated natively by
+    the others: the stand-aside guards that rule's edits and its part of the condition, not the policy."""
+    policy = parse_policy("admission: {mode: hybrid}")
+    (obj,) = _maps(compile_policy(policy).objects)
+    (condition,) = obj["spec"]["matchConditions"]
+    edits = {v["name"]: v["expression"] for v in obj["spec"]["variables"]}
+    guards = {}
+    for rule in MUTATING_RULES:
+        aside = nativegaps.stand_aside(nativegaps.mutating(policy), rule)
+        assert aside is not None, rule  # the default policy counts DRA claims, which each rule leaves
+        guards[rule] = f"(!({aside}))"
+        assert guards[rule] in edits[f"{rule}_edits"] and guards[rule] in condition["expression"], rule
+    assert guards["priority"] not in edits["readinessTolerations_edits"]

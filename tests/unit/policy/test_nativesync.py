@@ -134,7 +134,7 @@ def test_the_hash_names_what_the_policy_says_and_changes_with_it() -> None:
         for objs in (first, again, changed)
     ]
     assert hashes[0] == hashes[1]
-    assert hashes[0]["gpuguard-graceful-termination"] != hashes[2]["gpuguard-graceful-termination"]
+    assert hashes[0]["gpuguard-mutations"] != hashes[2]["gpuguard-mutations"]
 
 
 def test_a_namespace_made_again_gets_every_object_owned_by_the_new_one() -> None:
@@ -186,25 +186,30 @@ def test_a_policy_change_updates_what_changed_at_the_version_read_and_deletes_wh
     None
 ):
     before = _wanted(make_policy({"admission": {"mode": "hybrid"}}))
-    # gracefulTermination changes; priority goes off everywhere (its MAP and binding go).
+    # gracefulTermination changes (the mutating rules' MAP); trustedDeviceSoftware goes off everywhere (its
+    # VAP and bindings go).
     after = _wanted(
         make_policy(
             {
                 "admission": {"mode": "hybrid"},
-                "rules": {"gracefulTermination": {"marginSeconds": 25}, "priority": {"mode": "off"}},
+                "rules": {
+                    "gracefulTermination": {"marginSeconds": 25},
+                    "trustedDeviceSoftware": {"mode": "off"},
+                },
             }
         )
     )
     writes = plan(after, _have(before))
     updates = {w.name: w for w in writes if w.verb == "update"}
-    assert "gpuguard-graceful-termination" in updates
-    update = updates["gpuguard-graceful-termination"]
+    assert set(updates) == {"gpuguard-mutations"}
+    update = updates["gpuguard-mutations"]
     assert update.resource_version == "1" and update.body is not None
     assert update.body["metadata"]["resourceVersion"] == "1"
     deletes = [(w.kind, w.name) for w in writes if w.verb == "delete"]
     assert deletes == [
-        ("MutatingAdmissionPolicyBinding", "gpuguard-priority-0"),
-        ("MutatingAdmissionPolicy", "gpuguard-priority"),
+        ("ValidatingAdmissionPolicyBinding", "gpuguard-trusted-device-software-0"),
+        ("ValidatingAdmissionPolicyBinding", "gpuguard-trusted-device-software-1"),
+        ("ValidatingAdmissionPolicy", "gpuguard-trusted-device-software"),
     ]
     assert all(w.resource_version == "1" for w in writes if w.verb == "delete")
     assert not [w for w in writes if w.verb == "create"]
@@ -309,14 +314,12 @@ def test_a_policy_that_does_not_compile_keeps_the_objects_in_place() -> None:
 
 def test_an_object_the_api_server_refuses_is_reported_and_the_others_are_still_written() -> None:
     policy = make_policy({"admission": {"mode": "hybrid"}})
-    writes = RecordedNativeWrites(refuse="gpuguard-graceful-termination")
+    writes = RecordedNativeWrites(refuse="gpuguard-mutations")
     controller = _controller(policy, [], writes)
-    with pytest.raises(TerminalError, match="gpuguard-graceful-termination"):
+    with pytest.raises(TerminalError, match="gpuguard-mutations"):
         controller.reconcile(KEY)
     assert len(writes.calls) == len(_wanted(policy)) - 1
-    assert "refused MutatingAdmissionPolicy gpuguard-graceful-termination" in str(
-        controller.status()["problem"]
-    )
+    assert "refused MutatingAdmissionPolicy gpuguard-mutations" in str(controller.status()["problem"])
     # Once the server takes it, the problem is gone.
     writes.refuse = ""
     controller.reconcile(KEY)
