@@ -418,8 +418,8 @@ def install_map(plane: ControlPlane) -> Extension:
 
 def install_native(plane: ControlPlane) -> Extension:
     """`gpuguard policy compile` of the default policy, every binding narrowed to the bench's namespace. Each
-    object renamed: the compiled readiness MAP has bench/map/'s name, and applied as it is would replace
-    the hand-written MAP of (c) with itself."""
+    object renamed, so that no compiled object replaces another scenario's of the same name (the compiled
+    readiness MAP once had bench/map/'s, and (c) measured it instead of the hand-written MAP)."""
     objects = compile_policy(default_policy()).objects
     for obj in objects:
         obj["metadata"]["name"] = NATIVE_PREFIX + obj["metadata"]["name"]
