@@ -56,7 +56,15 @@ from webhook.controllers.nativesync import NAME
 from webhook.policy.engine import POLICY_ANNOTATION, RULES_ANNOTATION
 from webhook.policy.model import CONFIGMAP_KEY, parse_policy
 from webhook.policy.nativenarrow import CONDITION_NAME
-from webhook.policy.nativesync import HASH_ANNOTATION, OWNER, OWNER_LABEL, namespace_owner, wanted
+from webhook.policy.nativesync import (
+    FOLLOWS,
+    HASH_ANNOTATION,
+    OWNER,
+    OWNER_LABEL,
+    failing_closed,
+    namespace_owner,
+    wanted,
+)
 
 POLICY_CONFIGMAP = "gpuguard-policy"  # the one name the controllers' Role lets them read
 LEASE = "gpuguard-controllers"
@@ -128,11 +136,20 @@ def hashes(objects: Objects) -> dict[tuple[str, str], str]:
     return {key: obj["metadata"]["annotations"][HASH_ANNOTATION] for key, obj in objects.items()}
 
 
+def registered(plane: ControlPlane, kind: str) -> dict[str, Any] | None:
+    """The webhook configuration `gpuguard` of `kind` as stored, if registered."""
+    found = plane.kubectl("get", kind, WEBHOOK_CONFIG, "-o", "json", "--ignore-not-found").stdout
+    return json.loads(found) if found.strip() else None
+
+
 def wanted_hashes(plane: ControlPlane, policy: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """The hash of each object the leader should write for `policy`, failing as the webhook
+    configurations `gpuguard` (when registered) make it."""
     uid = plane.kubectl_json("get", "namespace", NAMESPACE)["metadata"]["uid"]
+    closed = failing_closed({kind: registered(plane, kind) for kind in FOLLOWS.values()})
     return {
         (o["kind"], o["metadata"]["name"]): o["metadata"]["annotations"][HASH_ANNOTATION]
-        for o in wanted(parse_policy(yaml.safe_dump(policy)), namespace_owner(NAMESPACE, uid))
+        for o in wanted(parse_policy(yaml.safe_dump(policy)), namespace_owner(NAMESPACE, uid), closed=closed)
     }
 
 
@@ -459,6 +476,10 @@ def test_the_webhooks_see_only_what_the_native_policies_cannot_decide(
         lambda: narrowed(cluster), what="the webhooks narrowed", timeout=NARROWED_TIMEOUT, processes=[leader]
     )
     assert hashes(owned(cluster)) == wanted_hashes(cluster, HYBRID)
+    # Registered with failurePolicy Fail: the native policies standing in for them fail closed too.
+    assert {obj["spec"]["failurePolicy"] for (kind, _), obj in owned(cluster).items() if kind in FOLLOWS} == {
+        "Fail"
+    }
     assert leader.status()["nativePolicies"]["narrowed"] == {
         "MutatingWebhookConfiguration": True,
         "ValidatingWebhookConfiguration": True,

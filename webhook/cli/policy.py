@@ -16,8 +16,9 @@ import orjson
 
 from webhook.certs import files as certfiles
 from webhook.cli import inputs, output
+from webhook.policy import nativesync
 from webhook.policy.model import Policy, PolicyError, default_policy_text, parse_policy
-from webhook.policy.native import compile_policy
+from webhook.policy.native import compile_policy, fail_closed
 from webhook.policy.nativenarrow import narrowing
 
 DEFAULT_URL = "https://localhost:8443"
@@ -58,6 +59,7 @@ def run_effective(args: argparse.Namespace) -> int:
 def run_compile(args: argparse.Namespace) -> int:
     policy = inputs.load_policy(args.policy)
     compiled = compile_policy(policy)
+    objects = fail_closed(compiled.objects, nativesync.FOLLOWS if args.failure_policy == "Fail" else ())
     # admission.mode native runs no webhook: what the native policies cannot decide is not decided.
     native = policy.admission.mode == "native"
     gaps = output.table(
@@ -65,7 +67,7 @@ def run_compile(args: argparse.Namespace) -> int:
         ((gap.rule, gap.what) for gap in compiled.gaps),
     )
     if args.output == "json":
-        sys.stdout.write(output.dump_json(output.as_list(compiled.objects)))
+        sys.stdout.write(output.dump_json(output.as_list(objects)))
         sys.stderr.write(gaps)
         return output.EXIT_OK
     source = inputs.display_name(args.policy) if args.policy else "the embedded default policy"
@@ -79,7 +81,7 @@ def run_compile(args: argparse.Namespace) -> int:
         *_webhooks_called(policy),
     ]
     sys.stdout.write("".join(f"# {line}".rstrip() + "\n" for line in header))
-    sys.stdout.write("".join(f"---\n{output.dump_yaml(obj)}" for obj in compiled.objects))
+    sys.stdout.write("".join(f"---\n{output.dump_yaml(obj)}" for obj in objects))
     return output.EXIT_OK
 
 
@@ -180,6 +182,14 @@ def register(commands: output.Commands) -> None:
         " CEL can of the policy, and what is left to the webhook",
     )
     inputs.add_policy_argument(compile_)
+    compile_.add_argument(
+        "--failure-policy",
+        choices=("Ignore", "Fail"),
+        default="Ignore",
+        help="what the API server does with a request a policy cannot evaluate: admit it (Ignore, as deploy/'s"
+        " webhooks) or refuse it (Fail, as deploy/fail-closed/'s); in hybrid and native mode the controllers'"
+        " leader follows the installed webhooks instead",
+    )
     output.add_output_option(compile_)
     compile_.set_defaults(run=run_compile)
 

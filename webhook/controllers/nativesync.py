@@ -26,7 +26,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from webhook.controllers import series
@@ -132,12 +132,13 @@ class NativePolicies:
     def reconcile(self, key: str) -> Result:
         policy = self.policy()
         owner = self.owner() if policy.admission.mode != "webhook" else {}
+        stored = self._configurations()
         try:
-            want = nativesync.wanted(policy, owner, self.compile)
+            want = nativesync.wanted(policy, owner, self.compile, nativesync.failing_closed(stored))
         except Exception as exc:  # whatever compiling raised: the objects in place stay
             self.problem = f"policy {policy.hash} does not compile (the last good objects stay): {exc}"
             log.warning("native admission policies: %s", self.problem)
-            self._narrow(nativenarrow.UNNARROWED, policy)
+            self._narrow(nativenarrow.UNNARROWED, policy, stored)
             return Result()
         unserved = [informer.name for informer in self.owned if not informer.served]
         if want and unserved:
@@ -149,11 +150,11 @@ class NativePolicies:
         have = [found for informer in self.owned for found in informer.current().values()]
         writes = nativesync.plan(want, have)
         if not writes:
-            return self._narrow_when_settled(policy)
+            return self._narrow_when_settled(policy, stored)
         # The native side changes: the webhooks see everything until it is in force again. Widening is
         # seen by the API server through another watch than the native objects: the objects change only
         # once the widened webhooks have had the settle time, or a request could reach neither.
-        if self._narrow(nativenarrow.UNNARROWED, policy):
+        if self._narrow(nativenarrow.UNNARROWED, policy, stored):
             return Result(requeue_after=self.settle_seconds)
         refused: list[str] = []
         for write in writes:
@@ -168,28 +169,38 @@ class NativePolicies:
         self.problem = None
         return Result(requeue_after=self.settle_seconds)
 
-    def _narrow_when_settled(self, policy: Policy) -> Result:
+    def _configurations(self) -> dict[str, JSON | None]:
+        """The webhook configurations as stored now, by kind (none read without `configurations`): the
+        native policies follow their failurePolicy, and the narrowing patches them at the version read."""
+        if self.configurations is None:
+            return {}
+        return {kind: self.configurations.read(kind) for kind in nativenarrow.CONFIGURATION_KINDS}
+
+    def _narrow_when_settled(self, policy: Policy, stored: Mapping[str, JSON | None]) -> Result:
         narrowing = nativenarrow.narrowing(policy)
         waited = self.clock() - self.changed_at
         if narrowing.narrows() and waited < self.settle_seconds:
             return Result(requeue_after=self.settle_seconds - waited)
         self.problem = None
-        self._narrow(narrowing, policy)
+        self._narrow(narrowing, policy, stored)
         return Result()
 
-    def _narrow(self, narrowing: nativenarrow.Narrowing, policy: Policy) -> bool:
-        """Each configuration's webhooks given their conditions and entries as `narrowing` says, patched at
-        the version read (a conflict is raised, and retried on a fresh read); whether any was patched."""
+    def _narrow(
+        self, narrowing: nativenarrow.Narrowing, policy: Policy, stored: Mapping[str, JSON | None]
+    ) -> bool:
+        """Each configuration's webhooks (`stored`, read at the start of the reconcile) given their
+        conditions and entries as `narrowing` says, patched at the version read (a conflict is raised, and
+        retried on a fresh read); whether any was patched."""
         patched = False
         if self.configurations is None:
             return patched
         for kind, parts in narrowing.parts.items():
-            stored = self.configurations.read(kind)
-            if stored is None:
+            configuration = stored.get(kind)
+            if configuration is None:
                 self.narrowed.pop(kind, None)
                 continue  # not installed (or an operator deleted it): nothing calls gpuguard through it
-            wanted = nativenarrow.shaped(stored, parts)
-            operations = nativenarrow.patch_to(stored, wanted)
+            wanted = nativenarrow.shaped(configuration, parts)
+            operations = nativenarrow.patch_to(configuration, wanted)
             narrowed = nativenarrow.narrowed(wanted)
             if operations:
                 try:

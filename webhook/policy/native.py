@@ -21,6 +21,7 @@ leaves the rule to the webhook and the two would answer differently.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,15 @@ class Gap:
 class Compiled:
     objects: list[JSON]  # every policy, then its bindings
     gaps: list[Gap]
+
+
+def fail_closed(objects: list[JSON], kinds: Collection[str]) -> list[JSON]:
+    """`objects` with the policies of `kinds` failing closed (`failurePolicy: Fail`: a request the
+    policy cannot evaluate is refused); compiled, every policy fails open, as deploy/'s webhooks do."""
+    return [
+        {**obj, "spec": {**obj["spec"], "failurePolicy": "Fail"}} if obj["kind"] in kinds else obj
+        for obj in objects
+    ]
 
 
 # --- bindings: the namespace modes as mutually exclusive selectors --------------------------------

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from webhook.policy.model import Policy
-from webhook.policy.native import Compiled, compile_policy
+from webhook.policy.native import Compiled, compile_policy, fail_closed
 from webhook.policy.workload import JSON
 
 OWNER_LABEL = "gpuguard.io/owner"
@@ -90,13 +90,41 @@ def namespace_owner(name: str, uid: str) -> JSON:
     return {"apiVersion": "v1", "kind": "Namespace", "name": name, "uid": uid}
 
 
-def wanted(policy: Policy, owner: JSON, compile: Callable[[Policy], Compiled] = compile_policy) -> list[JSON]:
+# The webhook configuration whose failurePolicy each kind of compiled policy follows.
+FOLLOWS: dict[str, str] = {
+    "MutatingAdmissionPolicy": "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy": "ValidatingWebhookConfiguration",
+}
+
+
+def failing_closed(configurations: Mapping[str, JSON | None]) -> frozenset[str]:
+    """The kinds of compiled policy that fail closed: those whose webhook configuration (as stored, by
+    kind) has a webhook with `failurePolicy: Fail` (deploy/fail-closed/, the chart's `failurePolicy`).
+    The operator chose to refuse a workload rather than admit it unchecked; a native policy that cannot
+    evaluate (a CEL runtime error, the cost limit) would otherwise admit it unchecked where the webhook
+    it stands in for would refuse it. A configuration not installed leaves its kind failing open."""
+    return frozenset(
+        kind
+        for kind, configuration in FOLLOWS.items()
+        if any(
+            w.get("failurePolicy") == "Fail"
+            for w in (configurations.get(configuration) or {}).get("webhooks") or []
+        )
+    )
+
+
+def wanted(
+    policy: Policy,
+    owner: JSON,
+    compile: Callable[[Policy], Compiled] = compile_policy,
+    closed: frozenset[str] = frozenset(),
+) -> list[JSON]:
     """The objects `policy` wants in the cluster: none in webhook mode (and none when the kill switch
-    is off: compile_policy gives none), else every compiled object, marked. Raises what compiling
-    raises: the caller keeps what it has."""
+    is off: compile_policy gives none), else every compiled object, marked, the policies of the kinds
+    `closed` names failing closed. Raises what compiling raises: the caller keeps what it has."""
     if policy.admission.mode == "webhook":
         return []
-    return [owned_object(obj, owner) for obj in compile(policy).objects]
+    return [owned_object(obj, owner) for obj in fail_closed(compile(policy).objects, closed)]
 
 
 def owned(raw: Mapping[str, Any]) -> Owned | None:

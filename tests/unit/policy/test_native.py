@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,17 @@ def test_compile_prints_the_objects_and_what_is_left(capsys: pytest.CaptureFixtu
     assert out.startswith("# policy ")
     assert "# driverCompatibility" in out
     assert out.count("\n---\n") + out.startswith("---") >= 8
+
+
+@pytest.mark.parametrize("choice", ["Ignore", "Fail"])
+def test_compile_makes_every_policy_fail_as_the_operator_chooses(
+    capsys: pytest.CaptureFixture[str], choice: str
+) -> None:
+    assert main(["policy", "compile", "--failure-policy", choice, "-o", "json"]) == 0
+    objects = json.loads(capsys.readouterr().out)["items"]
+    policies = [o for o in objects if not o["kind"].endswith("Binding")]
+    assert {o["kind"] for o in policies} == {"MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"}
+    assert {o["spec"]["failurePolicy"] for o in policies} == {choice}
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient
 
 from tests.harness.manifests import gpu_pod, job, make_policy, pod
 from tests.harness.wired import Listed, registry
-from tests.unit.policy.test_nativenarrow import configuration
+from tests.unit.policy.test_nativenarrow import MUTATING, VALIDATING, configuration
 from webhook.controllers.nativesync import KEY, NativePolicies, owned_informers
 from webhook.kube.controller import TerminalError
 from webhook.kube.remediation import Fence, InvalidObjectError, NativePolicyWriter, NotLeaderError
@@ -30,6 +30,7 @@ from webhook.policy.nativesync import (
     OWNER_LABEL,
     RESOURCES,
     Owned,
+    failing_closed,
     holds,
     namespace_owner,
     owned,
@@ -235,21 +236,63 @@ def test_objects_without_the_owner_label_are_never_taken_for_gpuguards() -> None
     assert mine is not None and mine.resource_version == "42" and mine.hash
 
 
+def _failing(kind: str, *choices: str) -> JSON:
+    """A webhook configuration of `kind` whose webhooks fail as `choices` say, in order."""
+    stored = configuration(kind)
+    stored["webhooks"] = [
+        {**stored["webhooks"][0], "name": f"{n}.gpuguard.io", "failurePolicy": choice}
+        for n, choice in enumerate(choices)
+    ]
+    return stored
+
+
+DEPLOYED = {MUTATING: _failing(MUTATING, "Ignore"), VALIDATING: _failing(VALIDATING, "Ignore", "Ignore")}
+# deploy/fail-closed/: each configuration's first webhook; the device-software one for kube-system stays Ignore.
+FAIL_CLOSED = {MUTATING: _failing(MUTATING, "Fail"), VALIDATING: _failing(VALIDATING, "Fail", "Ignore")}
+
+
+def test_each_kind_of_compiled_policy_fails_closed_where_a_webhook_it_stands_in_for_does() -> None:
+    assert failing_closed({}) == failing_closed(dict.fromkeys(CONFIGURATION_KINDS)) == frozenset()
+    assert failing_closed(DEPLOYED) == frozenset()
+    assert failing_closed(FAIL_CLOSED) == {"MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"}
+    assert failing_closed({**DEPLOYED, VALIDATING: FAIL_CLOSED[VALIDATING]}) == {"ValidatingAdmissionPolicy"}
+
+
+def test_a_policy_failing_closed_is_another_object_and_its_bindings_are_the_same() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    open_, closed = _wanted(policy), wanted(policy, NAMESPACE, closed=frozenset({"MutatingAdmissionPolicy"}))
+    for before, after in zip(open_, closed, strict=True):
+        if after["kind"] == "MutatingAdmissionPolicy":
+            assert (before["spec"]["failurePolicy"], after["spec"]["failurePolicy"]) == ("Ignore", "Fail")
+            assert (
+                after["metadata"]["annotations"][HASH_ANNOTATION]
+                != before["metadata"]["annotations"][HASH_ANNOTATION]
+            )
+        else:
+            assert after == before
+    # So the leader rewrites exactly the MAPs when the operator makes the mutating webhook fail closed.
+    writes = plan(closed, _have(open_))
+    assert writes and {(w.verb, w.kind) for w in writes} == {("update", "MutatingAdmissionPolicy")}
+
+
 # --- the leader's controller over real informers, its writes recorded -------------------------------
 
 
 class RecordedNativeWrites:
     def __init__(self, refuse: str = "") -> None:
         self.calls: list[tuple[str, str, str]] = []
+        self.bodies: dict[str, JSON] = {}  # by name: what was last sent
         self.refuse = refuse
 
     def create(self, resource: str, body: dict[str, Any]) -> None:
         if body["metadata"]["name"] == self.refuse:
             raise InvalidObjectError(f"{self.refuse}: spec.variables[0].expression: compilation failed")
         self.calls.append(("create", resource, body["metadata"]["name"]))
+        self.bodies[body["metadata"]["name"]] = body
 
     def replace(self, resource: str, name: str, body: dict[str, Any]) -> None:
         self.calls.append(("update", resource, name))
+        self.bodies[name] = body
 
     def delete(self, resource: str, name: str, resource_version: str) -> None:
         self.calls.append(("delete", resource, name))
@@ -391,6 +434,19 @@ def test_the_webhooks_are_narrowed_only_once_the_native_objects_have_settled() -
     assert settled.reconcile(KEY).requeue_after is None
     assert recorded.conditions() == list(narrowing(policy).conditions.values())
     assert settled.status()["narrowed"] == dict.fromkeys(CONFIGURATION_KINDS, True)
+
+
+def test_the_leader_makes_the_native_policies_fail_as_the_installed_webhooks_do() -> None:
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    recorded, clock = RecordedWithConfigurations(), Clock()
+    recorded.stored = {**DEPLOYED, MUTATING: FAIL_CLOSED[MUTATING]}
+    _narrowing(policy, [], recorded, clock).reconcile(KEY)
+    failing = {
+        body["kind"]: body["spec"]["failurePolicy"]
+        for body in recorded.bodies.values()
+        if not body["kind"].endswith("Binding")
+    }
+    assert failing == {"MutatingAdmissionPolicy": "Fail", "ValidatingAdmissionPolicy": "Ignore"}
 
 
 def _narrowed(policy: Policy, recorded: RecordedWithConfigurations, clock: Clock) -> list[JSON]:
