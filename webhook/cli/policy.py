@@ -18,7 +18,7 @@ from webhook.certs import files as certfiles
 from webhook.cli import inputs, output
 from webhook.policy import nativesync
 from webhook.policy.model import Policy, PolicyError, default_policy_text, parse_policy
-from webhook.policy.native import compile_policy, fail_closed
+from webhook.policy.native import DEFAULT_NAMESPACE, compile_policy, fail_closed
 from webhook.policy.nativenarrow import narrowing
 
 DEFAULT_URL = "https://localhost:8443"
@@ -58,7 +58,7 @@ def run_effective(args: argparse.Namespace) -> int:
 
 def run_compile(args: argparse.Namespace) -> int:
     policy = inputs.load_policy(args.policy)
-    compiled = compile_policy(policy)
+    compiled = compile_policy(policy, args.namespace)
     objects = fail_closed(compiled.objects, nativesync.FOLLOWS if args.failure_policy == "Fail" else ())
     # admission.mode native runs no webhook: what the native policies cannot decide is not decided.
     native = policy.admission.mode == "native"
@@ -78,21 +78,21 @@ def run_compile(args: argparse.Namespace) -> int:
         else "What they cannot decide stays the webhook's:",
         "",
         *gaps.splitlines(),
-        *_webhooks_called(policy),
+        *_webhooks_called(policy, args.namespace),
     ]
     sys.stdout.write("".join(f"# {line}".rstrip() + "\n" for line in header))
     sys.stdout.write("".join(f"---\n{output.dump_yaml(obj)}" for obj in objects))
     return output.EXIT_OK
 
 
-def _webhooks_called(policy: Policy) -> list[str]:
+def _webhooks_called(policy: Policy, namespace: str) -> list[str]:
     """What the controllers' leader lets reach gpuguard's webhooks in this mode (nativenarrow)."""
     if policy.admission.mode == "webhook":
         return []
     if policy.admission.mode == "native":
         return ["", "The controllers' leader narrows gpuguard's webhooks to match nothing."]
     lines = ["", "The controllers' leader narrows gpuguard's webhooks to:"]
-    for kind, sent in narrowing(policy).sent.items():
+    for kind, sent in narrowing(policy, namespace).sent.items():
         lines += [f"  {kind}:", *(f"    {what}" for what in sent)]
     return lines
 
@@ -189,6 +189,12 @@ def register(commands: output.Commands) -> None:
         help="what the API server does with a request a policy cannot evaluate: admit it (Ignore, as deploy/'s"
         " webhooks) or refuse it (Fail, as deploy/fail-closed/'s); in hybrid and native mode the controllers'"
         " leader follows the installed webhooks instead",
+    )
+    compile_.add_argument(
+        "--namespace",
+        default=DEFAULT_NAMESPACE,
+        help="the namespace gpuguard is installed in (deploy/'s, or the chart's `namespace`), which no native"
+        " policy binds, as no webhook of gpuguard's calls there",
     )
     output.add_output_option(compile_)
     compile_.set_defaults(run=run_compile)

@@ -23,6 +23,7 @@ again, never forced).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -36,7 +37,7 @@ from webhook.kube.informer import Change, Informer
 from webhook.kube.remediation import InvalidObjectError, NotFoundError
 from webhook.policy import nativenarrow, nativesync
 from webhook.policy.model import Policy
-from webhook.policy.native import Compiled, compile_policy
+from webhook.policy.native import DEFAULT_NAMESPACE, Compiled, compile_policy
 from webhook.policy.nativesync import RESOURCES, Owned, Write
 from webhook.policy.workload import JSON
 from webhook.runtime.metrics import Registry
@@ -80,7 +81,8 @@ class NativePolicies:
         owner: Callable[[], JSON],
         registry: Registry,
         stop: threading.Event,
-        compile: Callable[[Policy], Compiled] = compile_policy,
+        namespace: str = DEFAULT_NAMESPACE,
+        compile: Callable[[Policy], Compiled] | None = None,
         configurations: WebhookConfigurationWrites | None = None,
         watched: Sequence[Informer[str]] = (),
         settle_seconds: float = SETTLE_SECONDS,
@@ -91,7 +93,9 @@ class NativePolicies:
         self.writes = writes
         self.owner = owner
         self.registry = registry
-        self.compile = compile
+        # gpuguard's own namespace, where no native policy binds (as no webhook of it calls there).
+        self.namespace = namespace
+        self.compile = compile or functools.partial(compile_policy, namespace=namespace)
         self.configurations = configurations
         self.settle_seconds = settle_seconds
         self.clock = clock
@@ -177,7 +181,7 @@ class NativePolicies:
         return {kind: self.configurations.read(kind) for kind in nativenarrow.CONFIGURATION_KINDS}
 
     def _narrow_when_settled(self, policy: Policy, stored: Mapping[str, JSON | None]) -> Result:
-        narrowing = nativenarrow.narrowing(policy)
+        narrowing = nativenarrow.narrowing(policy, self.namespace)
         waited = self.clock() - self.changed_at
         if narrowing.narrows() and waited < self.settle_seconds:
             return Result(requeue_after=self.settle_seconds - waited)

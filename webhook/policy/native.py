@@ -41,8 +41,8 @@ from webhook.policy.nativevalidating import accelerator_node_guard, trusted_devi
 from webhook.policy.workload import JSON
 
 NAME_LABEL = "kubernetes.io/metadata.name"
-# The namespaces deploy/'s webhooks never see: the control plane's and gpuguard's own.
-UNWATCHED_NAMESPACES = ("kube-system", "kube-node-lease", "gpuguard", "gpuguard-node")
+DEFAULT_NAMESPACE = "gpuguard"  # deploy/'s, and the chart's default `namespace`
+NODE_AGENT_NAMESPACE = "gpuguard-node"
 MUTATIONS = "gpuguard-mutations"  # the MAP of the mutating rules (numbered from 2 past the first)
 # A VAP's condition in hybrid; a MAP's rules stand aside each within its one condition.
 NOT_LEFT_TO_THE_WEBHOOK = "not-left-to-the-webhook"
@@ -140,8 +140,16 @@ def regions(policy: Policy) -> list[Region]:
     return found
 
 
-def _binding(kind: str, policy_name: str, index: int, region: Region, extra: JSON) -> JSON:
-    unwatched = {"key": NAME_LABEL, "operator": "NotIn", "values": list(UNWATCHED_NAMESPACES)}
+def unwatched_namespaces(namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """The namespaces gpuguard's webhooks never see, so no native policy binds there either: the control
+    plane's, the one gpuguard runs in (`namespace`: deploy/'s, or the chart's) and its node agent's."""
+    return ["kube-system", "kube-node-lease", namespace, NODE_AGENT_NAMESPACE]
+
+
+def _binding(
+    kind: str, policy_name: str, index: int, region: Region, extra: JSON, unwatched_names: list[str]
+) -> JSON:
+    unwatched = {"key": NAME_LABEL, "operator": "NotIn", "values": unwatched_names}
     return {
         "apiVersion": API_VERSION,
         "kind": f"{kind}Binding",
@@ -172,7 +180,7 @@ def _enforced(policy: Policy, rule: RuleId, split: list[Region], gaps: list[Gap]
 
 
 def _mutating(
-    policy: Policy, parts: list[RuleMutation], cel: Cel, gaps: list[Gap]
+    policy: Policy, parts: list[RuleMutation], cel: Cel, gaps: list[Gap], unwatched: list[str]
 ) -> tuple[list[JSON], list[JSON]]:
     """One MAP per set of regions, carrying every rule enforced in exactly those, then its bindings.
     The first is gpuguard-mutations, the others numbered from 2 (most policies have one)."""
@@ -186,18 +194,25 @@ def _mutating(
     for number, (where, grouped) in enumerate(groups.items(), start=1):
         name = MUTATIONS if number == 1 else f"{MUTATIONS}-{number}"
         policies.append(mutating_policy(name, grouped, policy, cel))
-        bindings += [_binding("MutatingAdmissionPolicy", name, i, split[r], {}) for i, r in enumerate(where)]
+        bindings += [
+            _binding("MutatingAdmissionPolicy", name, i, split[r], {}, unwatched) for i, r in enumerate(where)
+        ]
     return policies, bindings
 
 
-def _validating(policy: Policy, rule: RuleId, obj: JSON) -> list[JSON]:
+def _validating(policy: Policy, rule: RuleId, obj: JSON, unwatched: list[str]) -> list[JSON]:
     """The VAP's bindings: each region where `rule` is on, with its mode's actions."""
     name = str(obj["metadata"]["name"])
     modes = [(region, policy.mode_under(rule, region.override)) for region in regions(policy)]
     on = [(region, mode) for region, mode in modes if mode != "off"]
     return [
         _binding(
-            "ValidatingAdmissionPolicy", name, index, region, {"validationActions": VALIDATION_ACTIONS[mode]}
+            "ValidatingAdmissionPolicy",
+            name,
+            index,
+            region,
+            {"validationActions": VALIDATION_ACTIONS[mode]},
+            unwatched,
         )
         for index, (region, mode) in enumerate(on)
     ]
@@ -230,8 +245,11 @@ ALWAYS_WEBHOOK = (
 )
 
 
-def compile_policy(policy: Policy) -> Compiled:
+def compile_policy(policy: Policy, namespace: str = DEFAULT_NAMESPACE) -> Compiled:
+    """`policy` as native admission policies and their bindings, for a gpuguard installed in `namespace`
+    (where no binding reaches, as no webhook does)."""
     gaps: list[Gap] = []
+    unwatched = unwatched_namespaces(namespace)
     if not policy.enabled:
         return Compiled([], [Gap("all", "enabled is false: nothing to compile")])
     cel = Cel(policy)
@@ -274,14 +292,14 @@ def compile_policy(policy: Policy) -> Compiled:
         aside = nativegaps.stand_aside(left_mutating, part.rule)
         if aside is not None:
             mutating[index] = part.guarded(f"!({aside})")
-    policies, bindings = _mutating(policy, mutating, cel, gaps)
+    policies, bindings = _mutating(policy, mutating, cel, gaps, unwatched)
     for rule, obj in validating:
         aside = nativegaps.stand_aside(left_validating, rule)
         if aside is not None:
             obj["spec"]["matchConditions"].append(
                 {"name": NOT_LEFT_TO_THE_WEBHOOK, "expression": f"!({aside})"}
             )
-        own = _validating(policy, rule, obj)
+        own = _validating(policy, rule, obj, unwatched)
         if own:
             policies.append(obj)
             bindings += own

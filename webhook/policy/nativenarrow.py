@@ -13,7 +13,7 @@ webhook keeps its own entry, selector and all, with the condition of the narrowe
 entry more per region that needs every request, `region-<n>.<name>`, selected to that region and sending
 exactly what the first one does not (the condition negated): each request reaches one of them. A mutating
 rule in warn or audit mode (no MutatingAdmissionPolicy has them) makes such a region, and so do the
-namespaces no native policy binds (native.UNWATCHED_NAMESPACES) where a webhook covers them. The regions
+namespaces no native policy binds (native.unwatched_namespaces) where a webhook covers them. The regions
 are native.regions', the ones the bindings cover: a namespace name first, then the first selector that
 matches, as Policy.namespace_override decides. Past MAX_PARTS regions no entry is added: the webhook
 stays un-narrowed.
@@ -34,7 +34,14 @@ from typing import Any
 
 from webhook.policy import nativegaps
 from webhook.policy.model import MUTATING_RULES, Policy, RuleId
-from webhook.policy.native import NAME_LABEL, UNWATCHED_NAMESPACES, Region, Requirement, regions
+from webhook.policy.native import (
+    DEFAULT_NAMESPACE,
+    NAME_LABEL,
+    Region,
+    Requirement,
+    regions,
+    unwatched_namespaces,
+)
 from webhook.policy.nativecel import TEMPLATE_RESOURCES, literal
 from webhook.policy.workload import JSON
 
@@ -52,8 +59,6 @@ _VALIDATED = {
     "batch": TEMPLATE_RESOURCES["batch"],
     "apps": [*TEMPLATE_RESOURCES["apps"], "daemonsets"],
 }
-_UNWATCHED = [{"key": NAME_LABEL, "operator": "In", "values": list(UNWATCHED_NAMESPACES)}]
-_WATCHED = [{"key": NAME_LABEL, "operator": "NotIn", "values": list(UNWATCHED_NAMESPACES)}]
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class Part:
 
     requirements: list[Requirement]
     condition: str | None
+    unwatched: bool = False  # the namespaces no native policy binds
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ class Narrowing:
         where that is none, or differs between namespaces."""
         found: dict[str, str | None] = {}
         for kind, parts in self.parts.items():
-            watched = {part.condition for part in parts if part.requirements != _UNWATCHED}
+            watched = {part.condition for part in parts if not part.unwatched}
             found[kind] = watched.pop() if len(watched) == 1 else None
         return found
 
@@ -125,16 +131,16 @@ def _unmatched(policy: Policy, region: Region) -> str | None:
 
 
 def _split(
-    policy: Policy, condition: str, reasons: list[str], whole: dict[int, str]
+    policy: Policy, condition: str, reasons: list[str], whole: dict[int, str], namespace: str
 ) -> tuple[list[Part], list[str]]:
-    """The parts of one webhook: the unwatched namespaces and the regions in `whole` (index: why; only
-    the mutating webhook has any) get every request, the rest `condition`."""
-    unwatched = (
-        f"everything in namespaces {', '.join(UNWATCHED_NAMESPACES)} where a webhook covers them"
-        " (no native policy binds there)"
-    )
+    """The parts of one webhook: the unwatched namespaces (gpuguard's own in `namespace`) and the regions
+    in `whole` (index: why; only the mutating webhook has any) get every request, the rest `condition`."""
+    names = unwatched_namespaces(namespace)
+    watched_only = [{"key": NAME_LABEL, "operator": "NotIn", "values": names}]
+    unwatched_part = Part([{"key": NAME_LABEL, "operator": "In", "values": names}], None, unwatched=True)
+    unwatched = f"everything in namespaces {', '.join(names)} where a webhook covers them (no native policy binds there)"
     if not whole:
-        return [Part(_WATCHED, condition), Part(_UNWATCHED, None)], [*reasons, unwatched]
+        return [Part(watched_only, condition), unwatched_part], [*reasons, unwatched]
     found = regions(policy)
     # A region where no mutating rule acts has the webhook do nothing whatever it is sent: it goes with
     # the others rather than make a split.
@@ -151,11 +157,11 @@ def _split(
             " a webhook is split into (" + "; ".join(sorted(set(whole.values()))) + ")"
         ]
     parts = [
-        Part([*region.requirements, *_WATCHED], None if index in whole else condition)
+        Part([*region.requirements, *watched_only], None if index in whole else condition)
         for index, region in enumerate(found)
     ]
     sent = [f"everything in {found[index].description} ({why} there)" for index, why in whole.items()]
-    return [*parts, Part(_UNWATCHED, None)], [
+    return [*parts, unwatched_part], [
         *sent,
         unwatched,
         "elsewhere:",
@@ -163,8 +169,9 @@ def _split(
     ]
 
 
-def narrowing(policy: Policy) -> Narrowing:
-    """The parts gpuguard's webhooks are split into under `policy`, and their conditions."""
+def narrowing(policy: Policy, namespace: str = DEFAULT_NAMESPACE) -> Narrowing:
+    """The parts gpuguard's webhooks are split into under `policy`, for a gpuguard installed in
+    `namespace`, and their conditions."""
     mode = policy.admission.mode
     if mode == "webhook" or not policy.enabled:
         return UNNARROWED
@@ -184,9 +191,9 @@ def narrowing(policy: Policy) -> Narrowing:
             for index, region in enumerate(regions(policy))
             if (why := _unmatched(policy, region)) is not None
         }
-    mutating_parts, mutated = _split(policy, mutating, mutated, whole)
+    mutating_parts, mutated = _split(policy, mutating, mutated, whole, namespace)
     validating, validated = _narrowed(policy, _VALIDATED, nativegaps.validating(policy))
-    validating_parts, validated = _split(policy, validating, validated, {})
+    validating_parts, validated = _split(policy, validating, validated, {}, namespace)
     return Narrowing(
         {CONFIGURATION_KINDS[0]: mutating_parts, CONFIGURATION_KINDS[1]: validating_parts},
         {CONFIGURATION_KINDS[0]: mutated, CONFIGURATION_KINDS[1]: validated},

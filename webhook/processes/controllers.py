@@ -204,6 +204,7 @@ class ControllerManager:
             policy=lambda: self.store.policy,
             writes=remediation.NativePolicyWriter(api, fence),
             owner=remediation.NamespaceOwner(api, options.namespace),
+            namespace=options.namespace,
             configurations=remediation.WebhookConfigurationWriter(api, options.webhook_config, fence),
             watched=self.own_configurations,
             registry=self.registry,

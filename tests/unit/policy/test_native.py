@@ -193,6 +193,18 @@ def test_compile_makes_every_policy_fail_as_the_operator_chooses(
     assert {o["spec"]["failurePolicy"] for o in policies} == {choice}
 
 
+def test_compile_leaves_out_the_namespace_gpuguard_is_installed_in(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["policy", "compile", "--namespace", "gpu-system", "-o", "json"]) == 0
+    bindings = [o for o in json.loads(capsys.readouterr().out)["items"] if o["kind"].endswith("Binding")]
+    assert bindings
+    assert all(
+        "gpu-system" in b["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][-1]["values"]
+        for b in bindings
+    )
+
+
 @pytest.mark.parametrize(
     "text", [SELECTORS_POLICY, "", "rules: {podFailurePolicy: {onFailureJobs: convert}}"]
 )

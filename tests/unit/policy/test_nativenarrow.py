@@ -15,7 +15,7 @@ import yaml
 from tests.harness.manifests import make_policy
 from webhook.policy import nativegaps
 from webhook.policy.model import MUTATING_RULES, LabelSelector, Policy
-from webhook.policy.native import NAME_LABEL, UNWATCHED_NAMESPACES, compile_policy
+from webhook.policy.native import NAME_LABEL, compile_policy, unwatched_namespaces
 from webhook.policy.nativenarrow import (
     CONDITION_NAME,
     CONFIGURATION_KINDS,
@@ -39,9 +39,8 @@ DEPLOYED = {
     for doc in yaml.safe_load_all((Path(__file__).parents[3] / "deploy/base/webhooks.yaml").read_text())
 }
 # deploy/'s: never the control plane's namespaces nor gpuguard's.
-WATCHED = {
-    "matchExpressions": [{"key": NAME_LABEL, "operator": "NotIn", "values": list(UNWATCHED_NAMESPACES)}]
-}
+UNWATCHED = unwatched_namespaces()
+WATCHED = {"matchExpressions": [{"key": NAME_LABEL, "operator": "NotIn", "values": UNWATCHED}]}
 
 
 def configuration(kind: str, *conditions: JSON) -> JSON:
@@ -49,6 +48,28 @@ def configuration(kind: str, *conditions: JSON) -> JSON:
     if conditions:
         webhook["matchConditions"] = list(conditions)
     return {"kind": kind, "metadata": {"name": "gpuguard", "resourceVersion": "7"}, "webhooks": [webhook]}
+
+
+def test_no_native_policy_binds_where_deploys_webhooks_never_call_and_gpuguards_namespace_moves_with_it() -> (
+    None
+):
+    """The bindings leave out the namespaces deploy/'s webhooks do (the chart's `namespace` replacing
+    gpuguard's), so in hybrid a request there still reaches the webhook alone, never a native policy."""
+    assert DEPLOYED[MUTATING]["webhooks"][0]["namespaceSelector"] == WATCHED
+    policy = make_policy({"admission": {"mode": "hybrid"}})
+    moved = ["kube-system", "kube-node-lease", "gpu-system", "gpuguard-node"]
+    bindings = [o for o in compile_policy(policy, "gpu-system").objects if o["kind"].endswith("Binding")]
+    assert bindings
+    for binding in bindings:
+        assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][-1] == {
+            "key": NAME_LABEL,
+            "operator": "NotIn",
+            "values": moved,
+        }
+    for parts in narrowing(policy, "gpu-system").parts.values():
+        assert [p.requirements for p in parts if p.unwatched] == [
+            [{"key": NAME_LABEL, "operator": "In", "values": moved}]
+        ]
 
 
 def test_webhook_mode_leaves_the_webhooks_as_registered_and_native_mode_calls_none() -> None:
@@ -152,7 +173,7 @@ def _webhook_sees_everything(policy: Policy, name: str, labels: dict[str, str]) 
     """Where the mutating webhook must see every request: no native policy binds there, or a mutating
     rule's mode there is one no MutatingAdmissionPolicy has (as the webhook itself decides the mode)."""
     modes = {policy.mode_for(rule, name, labels) for rule in MUTATING_RULES}
-    return name in UNWATCHED_NAMESPACES or bool(modes & {"warn", "audit"})
+    return name in UNWATCHED or bool(modes & {"warn", "audit"})
 
 
 def _idle(policy: Policy, name: str, labels: dict[str, str]) -> bool:
@@ -194,9 +215,7 @@ def test_each_request_reaches_one_entry_of_each_webhook_and_every_one_does_where
                     "matchConditions"
                 ]
             conditions = [_condition(entry) for entry in met]
-            if name in UNWATCHED_NAMESPACES or (
-                kind == MUTATING and _webhook_sees_everything(policy, name, labels)
-            ):
+            if name in UNWATCHED or (kind == MUTATING and _webhook_sees_everything(policy, name, labels)):
                 # Two entries, one sending what the other does not: every request, once.
                 assert conditions in ([None], [narrowed, f"!({narrowed})"]), (name, labels)
             else:

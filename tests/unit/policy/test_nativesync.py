@@ -449,6 +449,19 @@ def test_the_leader_makes_the_native_policies_fail_as_the_installed_webhooks_do(
     assert failing == {"MutatingAdmissionPolicy": "Fail", "ValidatingAdmissionPolicy": "Ignore"}
 
 
+def test_the_leader_binds_no_native_policy_in_the_namespace_it_runs_in() -> None:
+    recorded, clock = RecordedWithConfigurations(), Clock()
+    _narrowing(
+        make_policy({"admission": {"mode": "hybrid"}}), [], recorded, clock, namespace="gpu-system"
+    ).reconcile(KEY)
+    left_out = {
+        tuple(body["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][-1]["values"])
+        for body in recorded.bodies.values()
+        if body["kind"].endswith("Binding")
+    }
+    assert left_out == {("kube-system", "kube-node-lease", "gpu-system", "gpuguard-node")}
+
+
 def _narrowed(policy: Policy, recorded: RecordedWithConfigurations, clock: Clock) -> list[JSON]:
     """The native objects `policy` wants, stored and settled, and the webhooks narrowed for them."""
     objects = [_stored(o) for o in _wanted(policy)]
