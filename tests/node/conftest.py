@@ -487,7 +487,7 @@ def untainted(cluster: NodeCluster, responders: Responders, name: str) -> None:
         lambda: TAINT not in taints(cluster.plane, name),
         what=f"gpuguard's taint removed from {name} on recovery",
         timeout=PATIENCE,
-        processes=[responders.controllers],
+        logs=responders.logs,
     )
 
 
