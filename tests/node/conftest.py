@@ -175,7 +175,7 @@ class NodeCluster:
 
 # The modules that install gpuguard as pods, in their order: they run last, because uninstalling removes
 # deploy/'s namespaces and RBAC, which the session's `accounts` put there for gpuguard's processes.
-INSTALLING_MODULES = ("test_install.py", "test_helm.py")
+INSTALLING_MODULES = ("test_install.py", "test_device_failure_installed.py", "test_helm.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -89,8 +89,9 @@ CLUSTER_KINDS = (
 T = TypeVar("T")
 
 
-def awaited(find: Callable[[], T | None], *, what: str) -> T:
-    """What `find` returns once it returns something: the install's pods start on a loaded machine."""
+def awaited(find: Callable[[], T | None], *, what: str, logs: Callable[[], str] | None = None) -> T:
+    """What `find` returns once it returns something: the install's pods start on a loaded machine. On a
+    timeout, `logs()` goes with the error."""
     found: list[T] = []
 
     def check() -> bool:
@@ -99,7 +100,7 @@ def awaited(find: Callable[[], T | None], *, what: str) -> T:
             found[:] = [value]
         return value is not None
 
-    eventually(check, what=what, timeout=PATIENCE)
+    eventually(check, what=what, timeout=PATIENCE, logs=logs)
     return found[0]
 
 
