@@ -666,11 +666,15 @@ def eventually(
     what: str,
     timeout: float = 45.0,
     processes: Iterable[ControllersProcess] = (),
+    logs: Callable[[], str] | None = None,
 ) -> float:
-    """Polls until `check` holds; on a timeout, the controllers' logs go with the error."""
+    """Polls until `check` holds; on a timeout, the controllers' logs go with the error (those of
+    `processes`, and whatever `logs()` reads: gpuguard's pods, say)."""
     start = time.monotonic()
     try:
         return wait_until(check, timeout=timeout, what=what)
     except TimeoutError as exc:
-        logs = "\n".join(f"--- {p.log_path}\n{p.log()}" for p in processes)
-        raise TimeoutError(f"{exc} (after {time.monotonic() - start:.1f} s)\n{logs}") from None
+        parts = [f"--- {p.log_path}\n{p.log()}" for p in processes]
+        if logs is not None:
+            parts.append(logs())
+        raise TimeoutError(f"{exc} (after {time.monotonic() - start:.1f} s)\n" + "\n".join(parts)) from None

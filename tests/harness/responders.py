@@ -1,6 +1,7 @@
 """gpuguard's responders on the real nodes: `gpuguard controllers` and a node agent per node, run as
-their deploy/ ServiceAccounts; the device plugin's pods they read; and `GpuguardWrites`, which tells
-whether they wrote anything to a node or its pods.
+their deploy/ ServiceAccounts (processes of the test), or installed from deploy/ as pods (`PodResponder`
+reads those); the device plugin's pods they read; and `GpuguardWrites`, which tells whether they wrote
+anything to a node or its pods.
 
 The fake device plugin is a process of the test (device_plugin.py), while gpuguard reads a device
 plugin's health from its pods (`signals.devicePlugin`): a DaemonSet with the GPU operator's plugin
@@ -17,11 +18,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tests.harness import REPO_ROOT
 from tests.harness.admission import metric_samples
-from tests.harness.controllers import PLUGIN_LABELS, PLUGIN_NAMESPACE, ControllersProcess
+from tests.harness.controllers import PLUGIN_LABELS, PLUGIN_NAMESPACE
 from tests.harness.controlplane import (
     LOOPBACK,
     ControlPlane,
@@ -82,9 +83,7 @@ class AgentProcess:
         return http_get(self.port, "/readyz")[0] == 200
 
     def metric(self, name: str, **labels: str) -> float:
-        code, body = http_get(self.port, "/metrics")
-        assert code == 200, f"/metrics answered {code}"
-        return sum(v for found, v in metric_samples(body.decode(), name) if labels.items() <= found.items())
+        return metric_at(self.port, name, labels)
 
     def log(self) -> str:
         return log_tail(self.log_path, 60)
@@ -94,10 +93,63 @@ class AgentProcess:
             self._process.stop()
 
 
+def metric_at(port: int, name: str, labels: Mapping[str, str], host: str = LOOPBACK) -> float:
+    """The sum of the samples of `name` carrying `labels` in what /metrics at host:port serves."""
+    code, body = http_get(port, "/metrics", host=host)
+    assert code == 200, f"/metrics at {host}:{port} answered {code}"
+    return sum(v for found, v in metric_samples(body.decode(), name) if labels.items() <= found.items())
+
+
+class Responder(Protocol):
+    """The controllers or one node's agent, however they run: what the tests read of them."""
+
+    def metric(self, name: str, **labels: str) -> float: ...
+
+    def log(self) -> str: ...
+
+
+class PodResponder:
+    """One of gpuguard's components installed as pods (the controllers' replicas, or the node agent's pod
+    on `node`): its counters read at each pod's address and summed (a standby controller counts nothing),
+    its logs through `kubectl logs`. The pods are listed at every read, so a replaced one is read in its
+    predecessor's place."""
+
+    def __init__(
+        self, plane: ControlPlane, namespace: str, selector: str, port: int, *, node: str | None = None
+    ) -> None:
+        self.plane = plane
+        self.namespace = namespace
+        self.selector = selector
+        self.port = port
+        self.node = node
+
+    def pods(self) -> list[dict[str, Any]]:
+        on_node = [f"--field-selector=spec.nodeName={self.node}"] if self.node else []
+        listed: list[dict[str, Any]] = self.plane.kubectl_json(
+            "get", "pods", "-n", self.namespace, "-l", self.selector, *on_node
+        )["items"]
+        return listed
+
+    def metric(self, name: str, **labels: str) -> float:
+        pods = self.pods()
+        assert pods, f"no pod {self.selector} in {self.namespace} to read {name} from"
+        return sum(metric_at(self.port, name, labels, host=pod["status"]["podIP"]) for pod in pods)
+
+    def log(self) -> str:
+        parts = []
+        for pod in self.pods():
+            name = pod["metadata"]["name"]
+            logs = self.plane.kubectl("logs", "-n", self.namespace, name, "--tail=60", check=False)
+            parts.append(
+                f"--- pod {self.namespace}/{name} on {pod['spec'].get('nodeName')}\n{logs.stdout}{logs.stderr}"
+            )
+        return "\n".join(parts)
+
+
 @dataclass
 class Responders:
-    controllers: ControllersProcess
-    agents: dict[str, AgentProcess]
+    controllers: Responder
+    agents: Mapping[str, Responder]
 
     def writes(self) -> dict[str, float]:
         """What the responders' own counters say they wrote: the controllers' remediation steps done

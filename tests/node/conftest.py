@@ -31,10 +31,11 @@ from tests.harness.admission import (
 from tests.harness.chart import Helm, build_helm
 from tests.harness.controllers import (
     NAMESPACE,
+    PLUGIN_NAMESPACE,
+    SERVICE_ACCOUNT,
     ControllersProcess,
     eventually,
     fast_policy,
-    install_rbac,
     install_service_account,
     service_account_kubeconfig,
     taints,
@@ -174,7 +175,7 @@ class NodeCluster:
 
 # The modules that install gpuguard as pods, in their order: they run last, because uninstalling removes
 # deploy/'s namespaces and RBAC, which the session's `accounts` put there for gpuguard's processes.
-INSTALLING_MODULES = ("test_install.py", "test_helm.py")
+INSTALLING_MODULES = ("test_install.py", "test_device_failure_installed.py", "test_helm.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -401,11 +402,24 @@ def kubelets_back(cluster: NodeCluster) -> Iterator[None]:
 
 
 @pytest.fixture
-def namespace(cluster: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace per test. Afterwards its pods are deleted at once (not after their grace
-    periods) so the next test finds every fake GPU free, and the namespace controller removes it."""
+def namespace_labels() -> dict[str, str]:
+    """The labels `namespace` is created with: none, unless a module says otherwise (OWNER_LABEL
+    "installed", for workloads only gpuguard installed as pods sees)."""
+    return {}
+
+
+@pytest.fixture
+def namespace(
+    cluster: NodeCluster, request: pytest.FixtureRequest, namespace_labels: dict[str, str]
+) -> Iterator[str]:
+    """A fresh namespace per test, with `namespace_labels` from its creation on (a webhook's namespace
+    selector must never see it without them). Afterwards its pods are deleted at once (not after their
+    grace periods) so the next test finds every fake GPU free, and the namespace controller removes it."""
     name = namespace_name(request, "node")
-    cluster.plane.kubectl("create", "namespace", name)
+    metadata = {"name": name, "labels": namespace_labels}
+    cluster.plane.kubectl(
+        "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
+    )
     yield name
     delete_all_pods(cluster.plane, name)
     cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
@@ -418,18 +432,29 @@ class Accounts:
 
 
 @pytest.fixture(scope="session")
-def accounts(cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Accounts:
-    """deploy/'s ServiceAccounts of the controllers and of the node agent with their rights, a
-    kubeconfig each; and the device plugin's pods, Ready on every node (responders.plugin_daemonset)."""
+def device_plugin_pods(cluster: NodeCluster) -> None:
+    """The device plugin's pods, Ready on every node (responders.plugin_daemonset), in the GPU operator's
+    namespace."""
     plane = cluster.plane
-    install_rbac(plane)
-    install_service_account(plane, AGENT_SERVICE_ACCOUNT)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PLUGIN_NAMESPACE}}
+    plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
     plane.kubectl("apply", "-f", "-", input=json.dumps(plugin_daemonset(GPU_NODE_LABELS)))
     for name, node in cluster.nodes.items():
         node.wait_for(
             functools.partial(lambda name: pod_ready(plugin_pod(plane, name)), name),
             what="the device plugin's pod Ready",
         )
+
+
+@pytest.fixture(scope="session")
+def accounts(
+    cluster: NodeCluster, device_plugin_pods: None, tmp_path_factory: pytest.TempPathFactory
+) -> Accounts:
+    """deploy/'s ServiceAccounts of the controllers and of the node agent with their rights, a
+    kubeconfig each; and the device plugin's pods they read (`device_plugin_pods`)."""
+    plane = cluster.plane
+    install_service_account(plane, SERVICE_ACCOUNT)
+    install_service_account(plane, AGENT_SERVICE_ACCOUNT)
     workdir = tmp_path_factory.mktemp("accounts")
     return Accounts(
         service_account_kubeconfig(plane, workdir / "controllers.kubeconfig"),
@@ -487,7 +512,7 @@ def untainted(cluster: NodeCluster, responders: Responders, name: str) -> None:
         lambda: TAINT not in taints(cluster.plane, name),
         what=f"gpuguard's taint removed from {name} on recovery",
         timeout=PATIENCE,
-        processes=[responders.controllers],
+        logs=responders.logs,
     )
 
 

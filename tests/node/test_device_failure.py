@@ -144,7 +144,7 @@ def test_a_failed_device_is_tainted_evicted_and_replaced_on_the_healthy_node_wit
             lambda: TAINT in taints(plane, failed_node),
             what="gpuguard's taint on the failed node",
             timeout=PATIENCE,
-            processes=[responders.controllers],
+            logs=responders.logs,
         )
         graces: set[int] = set()
 
@@ -219,7 +219,7 @@ def test_the_node_agent_names_the_pod_on_the_failed_device_and_only_that_pod_is_
         lambda: (agent_condition(get_pod(plane, namespace, "holder")) or {}).get("status") == "False",
         what="the agent's condition on the pod holding the failed device",
         timeout=PATIENCE,
-        processes=[responders.controllers],
+        logs=responders.logs,
     )
     condition = agent_condition(get_pod(plane, namespace, "holder"))
     assert condition is not None
@@ -233,7 +233,7 @@ def test_the_node_agent_names_the_pod_on_the_failed_device_and_only_that_pod_is_
         ),
         what="the holder evicted",
         timeout=PATIENCE,
-        processes=[responders.controllers],
+        logs=responders.logs,
     )
     neighbour = get_pod(plane, namespace, "neighbour")
     assert running(neighbour) and not disruption_target(neighbour)  # the pod on a healthy device stays
@@ -273,7 +273,7 @@ def test_a_gpu_gone_after_a_plugin_restart_keeps_the_node_marked(
         marked,
         what=f"gpuguard's taint and condition on {name}",
         timeout=PATIENCE,
-        processes=[responders.controllers],
+        logs=responders.logs,
     )
     plugin.restart([device for device in plugin.device_ids if device != failed])
     left = DEVICES_PER_NODE - 1

@@ -72,6 +72,7 @@ from .conftest import DEFAULT_TOLERATION_SECONDS, PATIENCE, NodeCluster
 AGENT_NAMESPACE = "gpuguard-node"
 WEBHOOK_PORT = 8443  # deploy/'s containerPort `https`
 AGENT_PORT = 8082  # deploy/node-agent/'s containerPort `http`
+CONTROLLERS_PORT = 8081  # deploy/base/controllers.yaml's containerPort `http`
 PART_OF = "app.kubernetes.io/part-of=gpuguard"  # the label deploy/'s kustomizations put on every object
 # The name containerd knows gpuguard's image by (deploy/'s `image: gpuguard:<version>`), and a second tag.
 IMAGE_REPOSITORY = "docker.io/library/gpuguard"
@@ -88,8 +89,9 @@ CLUSTER_KINDS = (
 T = TypeVar("T")
 
 
-def awaited(find: Callable[[], T | None], *, what: str) -> T:
-    """What `find` returns once it returns something: the install's pods start on a loaded machine."""
+def awaited(find: Callable[[], T | None], *, what: str, logs: Callable[[], str] | None = None) -> T:
+    """What `find` returns once it returns something: the install's pods start on a loaded machine. On a
+    timeout, `logs()` goes with the error."""
     found: list[T] = []
 
     def check() -> bool:
@@ -98,7 +100,7 @@ def awaited(find: Callable[[], T | None], *, what: str) -> T:
             found[:] = [value]
         return value is not None
 
-    eventually(check, what=what, timeout=PATIENCE)
+    eventually(check, what=what, timeout=PATIENCE, logs=logs)
     return found[0]
 
 
@@ -374,6 +376,12 @@ def test_every_example_and_corpus_workload_is_mutated_or_denied_through_the_serv
             assert_mutated(obj)
 
 
+def lease_holder(plane: ControlPlane) -> str | None:
+    """Who holds the controllers' Lease (a pod's name: deploy/ gives each replica its own as identity)."""
+    lease = plane.kubectl("get", "lease", LEASE_NAME, "-n", NAMESPACE, "-o", "json", check=False)
+    return json.loads(lease.stdout)["spec"].get("holderIdentity") if lease.returncode == 0 else None
+
+
 def test_the_controllers_elect_a_leader_among_their_pods(
     cluster: NodeCluster, installed: list[dict[str, Any]]
 ) -> None:
@@ -382,11 +390,7 @@ def test_the_controllers_elect_a_leader_among_their_pods(
         lambda: ready_pods(plane, NAMESPACE, CONTROLLERS_PODS, 2), what="both controllers replicas Ready"
     )
 
-    def holder() -> str | None:
-        lease = plane.kubectl("get", "lease", LEASE_NAME, "-n", NAMESPACE, "-o", "json", check=False)
-        return json.loads(lease.stdout)["spec"].get("holderIdentity") if lease.returncode == 0 else None
-
-    leader = awaited(holder, what="the controllers' Lease held")
+    leader = awaited(lambda: lease_holder(plane), what="the controllers' Lease held")
 
     assert leader in {pod["metadata"]["name"] for pod in controllers}
 
