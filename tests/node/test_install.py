@@ -2,8 +2,9 @@
 deploy/` with the image built from the Dockerfile, then admission through the webhook Service, the
 controllers' leader election and the node agent in pods, and `kubectl delete -k deploy/` leaving nothing.
 
-The tests share one install and run in file order (the last one uninstalls). The workloads go to a
-namespace the session's own gpuguard leaves alone (conftest.installed_namespace), so whatever mutates or
+The tests share one install and run in file order (the last one uninstalls). The workloads go to
+namespaces the session's own gpuguard leaves alone (conftest.installed_namespace, and the corpus's own
+ones labelled likewise), so whatever mutates or
 denies them there is the installed gpuguard, called by the API server at the Service's endpoints (the pods'
 addresses on the tier's bridge, node.TierNetwork).
 """
@@ -62,6 +63,8 @@ from tests.harness.install import (
     submit_dry_run,
 )
 from tests.harness.node import condition
+from tests.harness.session import namespace_name
+from tests.harness.workloads import delete_all_pods
 from webhook import __version__
 from webhook.certs import files, tls
 from webhook.processes.controllers import LEASE_NAME
@@ -326,18 +329,19 @@ def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dic
     return sorted(wanted)
 
 
-def dry_run(plane: ControlPlane, folder: Path) -> tuple[list[dict[str, Any]], dict[Path, str]]:
-    """One server-side dry run over each of the batch's folders: the objects as they would be stored, in
-    the order of the folders and of the files in each (kubectl walks a folder in lexical order), and
-    kubectl's errors by the file they name."""
+def submit_batch(
+    plane: ControlPlane, folder: Path, dry_run: bool
+) -> tuple[list[dict[str, Any]], dict[Path, str]]:
+    """One kubectl call over each of the batch's folders, a server-side dry run or for real: the objects
+    as stored (or as they would be), in the order of the folders and of the files in each (kubectl walks a
+    folder in lexical order), and kubectl's errors by the file they name."""
     stored: list[dict[str, Any]] = []
     errors: dict[Path, str] = {}
     for group, verb in (("apply", "apply"), ("create", "create"), ("denied", "apply")):
         if not (folder / group).is_dir():
             continue
-        result = plane.kubectl(
-            verb, "--dry-run=server", "-o", "json", "-f", str(folder / group), check=False, timeout=180
-        )
+        dry = ["--dry-run=server"] if dry_run else []
+        result = plane.kubectl(verb, *dry, "-o", "json", "-f", str(folder / group), check=False, timeout=180)
         stored += json_stream(result.stdout)
         last: Path | None = None  # a message of several lines names its file in the first
         for line in result.stderr.splitlines():
@@ -348,16 +352,65 @@ def dry_run(plane: ControlPlane, folder: Path) -> tuple[list[dict[str, Any]], di
     return stored, errors
 
 
+def kube_system_pods(plane: ControlPlane) -> set[str]:
+    return {p["metadata"]["name"] for p in plane.kubectl_json("get", "pods", "-n", "kube-system")["items"]}
+
+
+def remove_applied(plane: ControlPlane, folder: Path, namespaces: list[str], kube_system: set[str]) -> None:
+    """What a real apply of the batch left, gone before the next test: its objects (the corpus's device
+    plugin DaemonSets in kube-system, cluster-scoped ones), its namespaces, and every pod their controllers
+    started (none can start a container here: their images are not on the nodes, and the nodes reach no
+    registry), which hold fake GPUs until their objects are gone."""
+    if (folder / "apply").is_dir():
+        plane.kubectl(
+            "delete", "-f", str(folder / "apply"), "--ignore-not-found", "--wait=false", check=False
+        )
+    plane.kubectl("delete", "namespace", *namespaces, "--wait=false", check=False)
+    for namespace in namespaces:  # a terminating namespace takes no new pod: these are the last
+        delete_all_pods(plane, namespace)
+
+    def gone() -> bool:
+        left = plane.kubectl("get", "namespace", *namespaces, "--ignore-not-found", "-o", "name").stdout
+        return not left.strip() and kube_system_pods(plane) <= kube_system
+
+    eventually(gone, what="the applied corpus gone, its pods and namespaces", timeout=PATIENCE)
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "applied"])
 def test_every_example_and_corpus_workload_is_mutated_or_denied_through_the_service_as_in_the_e2e(
-    cluster: NodeCluster, installed: list[dict[str, Any]], installed_namespace: str, tmp_path: Path
+    cluster: NodeCluster,
+    installed: list[dict[str, Any]],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    dry_run: bool,
 ) -> None:
+    """`kubectl apply` (and `create` for generateName) of every example and corpus workload through the
+    installed Service, as a server-side dry run and for real, in a namespace of its own that only the
+    installed gpuguard sees."""
     plane = cluster.plane
-    sources, namespaces = batch([*EXAMPLE_FILES, *corpus.FILES], installed_namespace, tmp_path)
+    namespace = namespace_name(request, "corpus")
+    plane.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": {OWNER_LABEL: "installed"}},
+            }
+        ),
+    )
+    sources, namespaces = batch([*EXAMPLE_FILES, *corpus.FILES], namespace, tmp_path)
+    kube_system = kube_system_pods(plane)
     created = prepare_for(plane, sources, namespaces)
     try:
-        stored, errors = dry_run(plane, tmp_path)
+        stored, errors = submit_batch(plane, tmp_path, dry_run)
     finally:
-        plane.kubectl("delete", "namespace", *created, "--wait=false", check=False)
+        if dry_run:
+            plane.kubectl("delete", "namespace", namespace, *created, "--wait=false", check=False)
+        else:
+            remove_applied(plane, tmp_path, [namespace, *created], kube_system)
         plane.kubectl("delete", "priorityclass", *CORPUS_PRIORITY_CLASSES, check=False)
 
     denied = {s.written: s for s in sources if s.path.name in DENIED_EXAMPLES}
@@ -365,7 +418,7 @@ def test_every_example_and_corpus_workload_is_mutated_or_denied_through_the_serv
     for written, source in denied.items():
         assert 'admission webhook "validate.gpuguard.io" denied the request' in errors[written]
         assert DENIED_EXAMPLES[source.path.name] in errors[written], errors[written]
-    in_order = sorted(sources, key=lambda s: (s.written.parent.name, s.written.name))  # as dry_run sends
+    in_order = sorted(sources, key=lambda s: (s.written.parent.name, s.written.name))  # as submit_batch sends
     admitted = [(s, doc) for s in in_order if s.written not in denied for doc in s.docs]
     assert [key_of(obj) for obj in stored] == [key_of(doc) for _, doc in admitted]
     assert admitted, "nothing was admitted, so nothing below would be checked"
