@@ -276,11 +276,13 @@ def batch(sources: list[Path], namespace: str, folder: Path) -> tuple[list[Sourc
     """Each source written, one file per source, into folder/apply, or folder/create when it uses
     generateName (which apply refuses; the e2e's submit_file does the same), or folder/denied when the
     e2e expects it denied (`kubectl apply` prints nothing of a batch with a refusal in it), named so that
-    kubectl's walk of each folder keeps their order; and the Namespaces they create, as a list."""
+    kubectl's walk of each folder keeps their order; and the Namespaces they create, as a list. Each
+    source is placed in a namespace of its own, `namespace`-<index>, as the e2e gives each its own test
+    (two corpus files both name a Pod pod1, and applied for real the second would patch the first)."""
     written, namespaces = [], []
     for index, path in enumerate(sources):
         docs = load(path)
-        place(docs, namespace)
+        place(docs, f"{namespace}-{index:03d}")
         namespaces += [doc for doc in docs if doc["kind"] == "Namespace"]
         docs = [doc for doc in docs if doc["kind"] != "Namespace"]
         group = (
@@ -297,20 +299,32 @@ def batch(sources: list[Path], namespace: str, folder: Path) -> tuple[list[Sourc
     return written, namespaces
 
 
-def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dict[str, Any]]) -> list[str]:
+@dataclass(frozen=True)
+class Prepared:
+    created: list[str]  # the namespaces made for the batch, deleted after it
+    labelled: list[str]  # the namespaces that were there already (the tier's gpu-operator), labelled for it
+
+
+def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dict[str, Any]]) -> Prepared:
     """What the sources need to exist for real, as in the clusters they are written for: the namespaces
-    they create or name (labelled so that only the installed gpuguard sees them), the ServiceAccounts their
-    bare pods run as (ServiceAccount admission is on here, off in the e2e tier) and the PriorityClasses they
-    name (first: gpuguard learns of a class through its watch); returns the namespaces created."""
+    they create or name (labelled so that only the installed gpuguard sees them; one the tier has already,
+    such as gpu-operator where its device plugin runs, is labelled and never deleted), the ServiceAccounts
+    their bare pods run as (ServiceAccount admission is on here, off in the e2e tier) and the
+    PriorityClasses they name (first: gpuguard learns of a class through its watch)."""
     install_priority_classes(plane, CORPUS_PRIORITY_CLASSES)
     named = {
         doc["metadata"]["namespace"] for s in sources for doc in s.docs if "namespace" in doc["metadata"]
     }
-    wanted = {ns["metadata"]["name"]: ns for ns in namespaces} | {
-        name: {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-        for name in named & (EXISTING_NAMESPACES - {"kube-system"})
+    existing = {
+        name.removeprefix("namespace/")
+        for name in plane.kubectl("get", "namespaces", "-o", "name").stdout.split()
     }
-    for ns in wanted.values():
+    wanted = {ns["metadata"]["name"]: ns for ns in namespaces} | {
+        name: {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in named
+    }
+    created = {name: ns for name, ns in wanted.items() if name not in existing}
+    labelled = sorted(name for name in wanted.keys() & existing if name != "kube-system")
+    for ns in created.values():
         ns["metadata"].setdefault("labels", {})[OWNER_LABEL] = "installed"
     accounts = {
         (doc["metadata"]["namespace"], doc["spec"].get("serviceAccountName") or "default")
@@ -319,14 +333,65 @@ def prepare_for(plane: ControlPlane, sources: list[Source], namespaces: list[dic
         if doc["kind"] == "Pod"
     }
     items = [
-        *wanted.values(),
+        *created.values(),
         *(
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}}
             for ns, name in sorted(accounts)
         ),
     ]
     plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-    return sorted(wanted)
+    if labelled:
+        plane.kubectl("label", "namespace", *labelled, f"{OWNER_LABEL}=installed", "--overwrite")
+    return Prepared(sorted(created), labelled)
+
+
+def pods_in(plane: ControlPlane, namespaces: list[str]) -> set[tuple[str, str]]:
+    listed = plane.kubectl_json("get", "pods", "--all-namespaces")["items"]
+    return {
+        (p["metadata"]["namespace"], p["metadata"]["name"])
+        for p in listed
+        if p["metadata"]["namespace"] in namespaces
+    }
+
+
+def remove_batch(
+    plane: ControlPlane,
+    folder: Path,
+    prepared: Prepared,
+    stored: list[dict[str, Any]],
+    pods_before: set[tuple[str, str]],  # those in the namespaces that were there (EXISTING_NAMESPACES)
+) -> None:
+    """What the batch left, gone before the next test: what it applied for real (by file, and the objects
+    named by the server by their names: the corpus's device plugin DaemonSets in kube-system, a
+    DeviceClass, a validator pod in gpu-operator), the namespaces made for it, the label on those that
+    were there, the corpus's PriorityClasses, and every pod their controllers started (none starts a
+    container here: their images are not on the nodes, which reach no registry), which hold fake GPUs
+    until their objects are gone."""
+    if (folder / "apply").is_dir():
+        plane.kubectl(
+            "delete", "-f", str(folder / "apply"), "--ignore-not-found", "--wait=false", check=False
+        )
+    for obj in stored:
+        if obj["metadata"].get("generateName"):
+            where = ["-n", obj["metadata"]["namespace"]] if "namespace" in obj["metadata"] else []
+            plane.kubectl(
+                "delete", obj["kind"], obj["metadata"]["name"], *where, "--ignore-not-found", check=False
+            )
+    if prepared.created:
+        plane.kubectl("delete", "namespace", *prepared.created, "--wait=false", check=False)
+    for namespace in prepared.created:  # a terminating namespace takes no new pod: these are the last
+        delete_all_pods(plane, namespace)
+    if prepared.labelled:
+        plane.kubectl("label", "namespace", *prepared.labelled, f"{OWNER_LABEL}-", check=False)
+    plane.kubectl("delete", "priorityclass", *CORPUS_PRIORITY_CLASSES, "--ignore-not-found", check=False)
+
+    def gone() -> bool:
+        namespaces = plane.kubectl(
+            "get", "namespace", *prepared.created, "--ignore-not-found", "-o", "name"
+        ).stdout
+        return not namespaces.strip() and pods_in(plane, sorted(EXISTING_NAMESPACES)) <= pods_before
+
+    eventually(gone, what="the batch's namespaces and pods gone", timeout=PATIENCE)
 
 
 def submit_batch(
@@ -352,30 +417,6 @@ def submit_batch(
     return stored, errors
 
 
-def kube_system_pods(plane: ControlPlane) -> set[str]:
-    return {p["metadata"]["name"] for p in plane.kubectl_json("get", "pods", "-n", "kube-system")["items"]}
-
-
-def remove_applied(plane: ControlPlane, folder: Path, namespaces: list[str], kube_system: set[str]) -> None:
-    """What a real apply of the batch left, gone before the next test: its objects (the corpus's device
-    plugin DaemonSets in kube-system, cluster-scoped ones), its namespaces, and every pod their controllers
-    started (none can start a container here: their images are not on the nodes, and the nodes reach no
-    registry), which hold fake GPUs until their objects are gone."""
-    if (folder / "apply").is_dir():
-        plane.kubectl(
-            "delete", "-f", str(folder / "apply"), "--ignore-not-found", "--wait=false", check=False
-        )
-    plane.kubectl("delete", "namespace", *namespaces, "--wait=false", check=False)
-    for namespace in namespaces:  # a terminating namespace takes no new pod: these are the last
-        delete_all_pods(plane, namespace)
-
-    def gone() -> bool:
-        left = plane.kubectl("get", "namespace", *namespaces, "--ignore-not-found", "-o", "name").stdout
-        return not left.strip() and kube_system_pods(plane) <= kube_system
-
-    eventually(gone, what="the applied corpus gone, its pods and namespaces", timeout=PATIENCE)
-
-
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "applied"])
 def test_every_example_and_corpus_workload_is_mutated_or_denied_through_the_service_as_in_the_e2e(
     cluster: NodeCluster,
@@ -385,33 +426,18 @@ def test_every_example_and_corpus_workload_is_mutated_or_denied_through_the_serv
     dry_run: bool,
 ) -> None:
     """`kubectl apply` (and `create` for generateName) of every example and corpus workload through the
-    installed Service, as a server-side dry run and for real, in a namespace of its own that only the
-    installed gpuguard sees."""
+    installed Service, as a server-side dry run and for real, each source in a namespace of its own that
+    only the installed gpuguard sees."""
     plane = cluster.plane
     namespace = namespace_name(request, "corpus")
-    plane.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": namespace, "labels": {OWNER_LABEL: "installed"}},
-            }
-        ),
-    )
     sources, namespaces = batch([*EXAMPLE_FILES, *corpus.FILES], namespace, tmp_path)
-    kube_system = kube_system_pods(plane)
-    created = prepare_for(plane, sources, namespaces)
+    pods_before = pods_in(plane, sorted(EXISTING_NAMESPACES))
+    prepared = prepare_for(plane, sources, namespaces)
+    stored: list[dict[str, Any]] = []
     try:
         stored, errors = submit_batch(plane, tmp_path, dry_run)
     finally:
-        if dry_run:
-            plane.kubectl("delete", "namespace", namespace, *created, "--wait=false", check=False)
-        else:
-            remove_applied(plane, tmp_path, [namespace, *created], kube_system)
-        plane.kubectl("delete", "priorityclass", *CORPUS_PRIORITY_CLASSES, check=False)
+        remove_batch(plane, tmp_path, prepared, stored, pods_before)
 
     denied = {s.written: s for s in sources if s.path.name in DENIED_EXAMPLES}
     assert set(errors) == set(denied), "\n".join(errors.values())
